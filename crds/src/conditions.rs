@@ -1,0 +1,30 @@
+//! Condition types and reasons used in RouteTarget and Gateway API route status.
+//! Where Gateway API defines a reason, the same string is used.
+
+pub const ACCEPTED: &str = "Accepted";
+pub const RESOLVED_REFS: &str = "ResolvedRefs";
+pub const PROGRAMMED: &str = "Programmed";
+
+pub mod reason {
+    // Accepted
+    pub const ACCEPTED: &str = "Accepted";
+    pub const NO_MATCHING_PARENT: &str = "NoMatchingParent";
+    pub const UNSUPPORTED_VALUE: &str = "UnsupportedValue";
+    pub const INCOMPATIBLE_FILTERS: &str = "IncompatibleFilters";
+    /// An HTTPRoute and a GRPCRoute attach to the same Service port for the same clients;
+    /// Gateway API forbids merging them, so the younger kind is refused.
+    pub const CONFLICTING_ROUTE_KIND: &str = "ConflictingRouteKind";
+    pub const SERVICE_NOT_FOUND: &str = "ServiceNotFound";
+    /// Headless and ExternalName Services have no ClusterIP to capture.
+    pub const UNSUPPORTED_SERVICE_TYPE: &str = "UnsupportedServiceType";
+
+    // ResolvedRefs
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+    pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
+    pub const INVALID_KIND: &str = "InvalidKind";
+    pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
+
+    // Programmed
+    pub const PROGRAMMED: &str = "Programmed";
+    pub const PENDING: &str = "Pending";
+}

@@ -1,0 +1,29 @@
+//! Labels, annotations and names that more than one aether component reads or writes.
+
+/// The API group of every aether resource.
+pub const GROUP: &str = "aether.io";
+
+/// Namespace label that opts every pod of the namespace into the mesh (value `"true"`).
+pub const MANAGED_LABEL: &str = "aether.io/managed";
+
+/// Pod annotation that keeps a single pod of a managed namespace out of the mesh (value `"disabled"`).
+pub const CAPTURE_ANNOTATION: &str = "aether.io/capture";
+
+/// Pod annotation listing extra route targets (`namespace/service`, comma separated) the pod
+/// dials, so that their tables are on its node before the first request.
+pub const DEPENDS_ON_ANNOTATION: &str = "aether.io/depends-on";
+
+/// Label the operator puts on the RouteTargets it derives from Gateway API routes
+/// (value `"true"`); hand-written RouteTargets do not carry it.
+pub const DERIVED_LABEL: &str = "aether.io/derived";
+
+/// `controllerName` the operator writes into Gateway API route status.
+pub const CONTROLLER_NAME: &str = "aether.io/mesh";
+
+/// Node taint that keeps pods off a node until its aether agent is ready.
+pub const AGENT_NOT_READY_TAINT: &str = "aether.io/agent-not-ready";
+
+/// The SPIFFE identity of a ServiceAccount: `spiffe://<trust-domain>/ns/<ns>/sa/<sa>`.
+pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
+}

@@ -1,0 +1,26 @@
+//! The GAMMA route engine, shared by the operator and the proxy. Pure functions, no I/O:
+//!
+//! - [`compile()`] turns the routes attached to a Service (HTTPRoute, GRPCRoute, a
+//!   RouteTarget's inline rules) into its [`RouteTable`], ordered by the Gateway API
+//!   precedence rules, and says which parentRefs are accepted and which references resolve;
+//! - [`Router`] loads a table and decides, per request, the rule, the backend (by weight),
+//!   and the filters to apply.
+
+mod compile;
+mod error;
+pub mod filters;
+mod request;
+mod router;
+mod rules;
+mod source;
+pub mod table;
+
+pub use compile::{Compiled, ParentOutcome, RouteOutcome, Verdict, compile};
+pub use error::{RuleError, TableError};
+pub use request::RequestView;
+pub use router::{Forward, Outcome, Router, RuleSetRouter};
+pub use source::{
+    GrpcRule, ParentRef, RouteRules, RouteSource, ServiceInfo, ServiceKind, ServiceLookup,
+    ServicePort,
+};
+pub use table::RouteTable;
