@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Starts aether's whole local cluster, building what is missing: the control plane
+# (control-plane.sh), the node network (network.sh), the nodes (nodes.sh) and
+# cluster DNS. Idempotent; `down.sh` takes it all away.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/lib.sh"
+
+started=$SECONDS
+(cd "$here/../.." && CARGO_TARGET_DIR="$AETHER_TARGET" cargo build --workspace --bins --quiet)
+"$here/control-plane.sh" up
+"$here/nodes.sh" up
+kubectl() { "$AETHER_BIN/kubectl" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }
+kubectl apply --server-side -f "$here/addons/coredns.yaml" >/dev/null
+kubectl -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null
+echo "[up] local cluster ready in $((SECONDS - started))s: export KUBECONFIG=$AETHER_KUBECONFIG"

@@ -1,0 +1,234 @@
+//! The test API of aether's local cluster.
+//!
+//! [`Cluster::get`] makes sure the cluster is up (starting it with `tests/cluster/up.sh`
+//! once per test binary when it is not) and hands each test its own `kube::Client`.
+//! `tests/run.sh` takes the cluster down after the suite with `tests/cluster/down.sh`,
+//! which removes every process, network namespace, link and nft table it made, whether
+//! the tests passed or not.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// Paths of the running cluster (see `tests/cluster/lib.sh`).
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub repo: PathBuf,
+    pub state: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+}
+
+impl Paths {
+    fn from_env() -> Self {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let cache = std::env::var_os("AETHER_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "/var/cache/aether".into());
+        let state = std::env::var_os("AETHER_STATE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "/var/lib/aether-cluster".into());
+        Paths {
+            repo,
+            kubeconfig: state.join("admin.kubeconfig"),
+            kubectl: cache.join("bin/kubectl"),
+            state,
+        }
+    }
+}
+
+/// The shared cluster, and a client for one test.
+pub struct Cluster {
+    pub paths: Paths,
+    pub client: kube::Client,
+}
+
+static UP: OnceLock<Result<Paths, String>> = OnceLock::new();
+
+fn bring_up() -> Result<Paths, String> {
+    let paths = Paths::from_env();
+    let ready = Command::new(&paths.kubectl)
+        .args(["--kubeconfig"])
+        .arg(&paths.kubeconfig)
+        .args(["get", "--raw", "/readyz", "--request-timeout=5s"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let nodes_ready = ready
+        && Command::new(&paths.kubectl)
+            .arg("--kubeconfig")
+            .arg(&paths.kubeconfig)
+            .args([
+                "wait",
+                "--for=condition=Ready",
+                "nodes",
+                "--all",
+                "--timeout=5s",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !nodes_ready {
+        let status = Command::new(paths.repo.join("tests/cluster/up.sh"))
+            .status()
+            .map_err(|e| format!("cannot run tests/cluster/up.sh: {e}"))?;
+        if !status.success() {
+            return Err(format!("tests/cluster/up.sh failed ({status})"));
+        }
+    }
+    Ok(paths)
+}
+
+impl Cluster {
+    /// The running cluster, started if needed (once per test binary).
+    pub async fn get() -> Result<Cluster> {
+        let paths = tokio::task::spawn_blocking(|| UP.get_or_init(bring_up).clone())
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        let kubeconfig = Kubeconfig::read_from(&paths.kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Cluster {
+            client: kube::Client::try_from(config)?,
+            paths,
+        })
+    }
+
+    /// Runs kubectl against the cluster; fails with its output when it fails.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let output = Command::new(&self.paths.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.paths.kubeconfig)
+            .args(args)
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Applies a manifest file (server-side, so it can be re-applied).
+    pub fn apply(&self, file: &Path) -> Result<()> {
+        self.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.to_string_lossy(),
+        ])
+        .map(|_| ())
+    }
+
+    /// Waits until `namespace` has at least `count` pods and all of them are Ready.
+    pub async fn wait_ready(
+        &self,
+        namespace: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Pod>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let pods = api.list(&ListParams::default()).await?.items;
+            let live: Vec<Pod> = pods
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            if live.len() >= count && live.iter().all(is_ready) {
+                return Ok(live);
+            }
+            if Instant::now() > deadline {
+                let names: Vec<_> = live
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{}={}",
+                            p.metadata.name.as_deref().unwrap_or(""),
+                            is_ready(p)
+                        )
+                    })
+                    .collect();
+                bail!("pods in {namespace} not all Ready after {timeout:?}: {names:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The pod's network namespace (named by the node simulator after the pod's uid).
+    pub fn netns(pod: &Pod) -> PathBuf {
+        PathBuf::from(format!(
+            "/var/run/netns/pod-{}",
+            pod.metadata.uid.as_deref().unwrap_or_default()
+        ))
+    }
+
+    /// The PID of a container's process, from its node's records.
+    pub fn container_pid(&self, pod: &Pod, container: &str) -> Result<u32> {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .context("pod is not bound to a node")?;
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let file = self
+            .paths
+            .state
+            .join("nodes")
+            .join(node)
+            .join("pods")
+            .join(uid)
+            .join(format!("{container}.pid"));
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        Ok(text.trim().parse()?)
+    }
+
+    /// Runs a command inside a container: its network, mount and UTS namespaces, so it
+    /// sees the pod's resolv.conf and volumes, as `kubectl exec` would.
+    pub fn exec(&self, pod: &Pod, container: &str, argv: &[&str]) -> Result<Output> {
+        let pid = self.container_pid(pod, container)?;
+        Ok(Command::new("nsenter")
+            .arg("-t")
+            .arg(pid.to_string())
+            .args(["-n", "-m", "-u", "--"])
+            .args(argv)
+            .output()?)
+    }
+
+    /// A workspace binary built by `tests/run.sh` (or `up.sh`).
+    pub fn program(&self, name: &str) -> PathBuf {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let cache = std::env::var_os("AETHER_CACHE")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| "/var/cache/aether".into());
+                cache.join("target")
+            });
+        target.join("debug").join(name)
+    }
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The conformance data shipped beside the repository (`../shared/conformance`).
+pub fn conformance_dir() -> PathBuf {
+    std::env::var_os("AETHER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("conformance")
+}
