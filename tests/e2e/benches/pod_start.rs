@@ -34,17 +34,29 @@ async fn main() -> Result<()> {
     let cluster = Cluster::get().await?;
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     if namespaces.get_opt(NAMESPACE).await?.is_none() {
-        let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
-        namespaces.create(&PostParams::default(), &namespace).await?;
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
         // Pods are refused until the namespace's default ServiceAccount exists.
-        cluster.kubectl(&["-n", NAMESPACE, "wait", "--for=create", "serviceaccount/default", "--timeout=30s"])?;
+        cluster.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "wait",
+            "--for=create",
+            "serviceaccount/default",
+            "--timeout=30s",
+        ])?;
     }
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NAMESPACE);
     let mut latencies = Vec::with_capacity(PODS);
     for i in 0..PODS {
         latencies.push(start_one(&pods, &format!("bench-{i}")).await?);
     }
-    namespaces.delete(NAMESPACE, &DeleteParams::default()).await?;
+    namespaces
+        .delete(NAMESPACE, &DeleteParams::default())
+        .await?;
     latencies.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(

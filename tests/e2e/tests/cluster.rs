@@ -125,7 +125,12 @@ async fn conformance_base_runs_and_pods_reach_each_other() -> Result<()> {
         .await?
         .items
         .iter()
-        .flat_map(|s| s.endpoints.iter().flatten().flat_map(|e| e.addresses.clone()))
+        .flat_map(|s| {
+            s.endpoints
+                .iter()
+                .flatten()
+                .flat_map(|e| e.addresses.clone())
+        })
         .collect();
     assert!(
         listed.contains(&ip_of(v1)),
@@ -172,8 +177,11 @@ async fn a_deleted_pod_leaves_no_netns_and_no_endpoint() -> Result<()> {
     let cluster = Cluster::get().await?;
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     if namespaces.get_opt(SCRATCH).await?.is_none() {
-        let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": SCRATCH}}))?;
-        namespaces.create(&PostParams::default(), &namespace).await?;
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": SCRATCH}}))?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
     }
     let pod = client_pod(&cluster, SCRATCH, "doomed", "node-2").await?;
     let netns = Cluster::netns(&pod);
@@ -199,7 +207,12 @@ async fn a_deleted_pod_leaves_no_netns_and_no_endpoint() -> Result<()> {
         anyhow::Ok(
             list.items
                 .iter()
-                .flat_map(|s| s.endpoints.iter().flatten().flat_map(|e| e.addresses.clone()))
+                .flat_map(|s| {
+                    s.endpoints
+                        .iter()
+                        .flatten()
+                        .flat_map(|e| e.addresses.clone())
+                })
                 .collect::<BTreeSet<_>>(),
         )
     };

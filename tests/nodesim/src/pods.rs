@@ -281,7 +281,13 @@ async fn supervise(rt: &Arc<Runtime>, pod: &Pod, stop: watch::Receiver<Option<i6
         ..Default::default()
     }));
     let changed = Arc::new(Notify::new());
-    let reporter = tokio::spawn(report(rt.clone(), pod.clone(), state.clone(), changed.clone(), stop.clone()));
+    let reporter = tokio::spawn(report(
+        rt.clone(),
+        pod.clone(),
+        state.clone(),
+        changed.clone(),
+        stop.clone(),
+    ));
 
     let netns = if host_network(pod) {
         lock(&state).ips = vec![rt.node.ip.clone()];
@@ -353,7 +359,11 @@ async fn supervise(rt: &Arc<Runtime>, pod: &Pod, stop: watch::Receiver<Option<i6
         changed,
     });
 
-    let init_containers = if adopted.is_some() { &[][..] } else { spec.init_containers.as_deref().unwrap_or_default() };
+    let init_containers = if adopted.is_some() {
+        &[][..]
+    } else {
+        spec.init_containers.as_deref().unwrap_or_default()
+    };
     for (index, container) in init_containers.iter().enumerate() {
         loop {
             match context
@@ -674,7 +684,12 @@ impl Process {
 
     async fn wait(&mut self) -> i32 {
         match self {
-            Process::Child(child) => child.wait().await.ok().and_then(|s| s.code()).unwrap_or(137),
+            Process::Child(child) => child
+                .wait()
+                .await
+                .ok()
+                .and_then(|s| s.code())
+                .unwrap_or(137),
             Process::Adopted(pid) => {
                 while alive(*pid) {
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -700,7 +715,11 @@ fn adoptable(rt: &Runtime, pod: &Pod, dir: &Path) -> Option<Adopted> {
     let spec = pod.spec.as_ref()?;
     let mut pids = HashMap::new();
     for container in &spec.containers {
-        let pid: u32 = std::fs::read_to_string(dir.join(format!("{}.pid", container.name))).ok()?.trim().parse().ok()?;
+        let pid: u32 = std::fs::read_to_string(dir.join(format!("{}.pid", container.name)))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
         if !alive(pid) {
             return None;
         }
