@@ -15,6 +15,8 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 const MESH: &str = "gateway-conformance-mesh";
 /// The namespace of the pod deletion test, independent of the conformance manifests.
 const SCRATCH: &str = "aether-e2e-cluster";
+/// The namespace of the DaemonSet test.
+const DAEMONS: &str = "aether-e2e-daemons";
 
 fn node_of(pod: &Pod) -> String {
     pod.spec
@@ -250,5 +252,57 @@ async fn a_deleted_pod_leaves_no_netns_and_no_endpoint() -> Result<()> {
         "the container process {pid} is still running"
     );
     services.delete("doomed", &DeleteParams::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_network_daemonset_runs_on_every_node() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    let file =
+        std::env::temp_dir().join(format!("aether-e2e-daemonset-{}.yaml", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {DAEMONS}}}\n---\n\
+             apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: agent, namespace: {DAEMONS}}}\n\
+             spec:\n  selector: {{matchLabels: {{app: agent}}}}\n  template:\n    metadata: {{labels: {{app: agent}}}}\n\
+             \x20   spec:\n      hostNetwork: true\n      containers:\n      - name: echo\n\
+             \x20       image: registry.k8s.io/gateway-api/echo-advanced:v1.5.1\n        args: [\"--port=18080\"]\n\
+             \x20       readinessProbe: {{tcpSocket: {{port: 18080}}, periodSeconds: 1}}\n"
+        ),
+    )?;
+    cluster.apply(&file)?;
+    std::fs::remove_file(&file)?;
+    let pods = cluster
+        .wait_ready(DAEMONS, 2, Duration::from_secs(60))
+        .await?;
+    let nodes: BTreeSet<String> = pods.iter().map(node_of).collect();
+    assert_eq!(
+        nodes,
+        BTreeSet::from(["node-1".to_owned(), "node-2".to_owned()])
+    );
+    for pod in &pods {
+        // A host-network pod has its node's address and is served from there.
+        let node_ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.host_ip.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            ip_of(pod),
+            node_ip,
+            "{}",
+            pod.metadata.name.as_deref().unwrap_or("")
+        );
+        let client = &pods[0];
+        let served_by = request(&cluster, client, &format!("http://{node_ip}:18080/"))?;
+        assert_eq!(
+            served_by,
+            node_of(pod),
+            "a host-network pod's hostname is its node's"
+        );
+    }
+    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+    namespaces.delete(DAEMONS, &DeleteParams::default()).await?;
     Ok(())
 }
