@@ -1,0 +1,105 @@
+//! `NodeConfig`: what one node's proxy needs, written by the operator and read by that
+//! node's proxy. One object per node, named after it; nothing secret is in it, and
+//! endpoints stay in EndpointSlices.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The per-node configuration of the mesh.
+// kube's `printcolumn(...)` arguments repeat `type_ = ...`, which clippy mistakes for
+// duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "aether.io",
+    version = "v1alpha1",
+    kind = "NodeConfig",
+    doc = "The route targets, route tables and backend identities one node's aether proxy needs.",
+    plural = "nodeconfigs",
+    shortname = "nc",
+    status = "NodeConfigStatus",
+    printcolumn(name = "Capture", type_ = "integer", json_path = ".spec.captureCount"),
+    printcolumn(name = "Tables", type_ = "integer", json_path = ".spec.tableCount"),
+    printcolumn(
+        name = "Applied",
+        type_ = "integer",
+        json_path = ".status.appliedGeneration"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfigSpec {
+    /// ClusterIP:port pairs of every route target in the mesh: a meshed pod never reaches
+    /// a route target unmeshed, whatever it dials.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capture: Vec<CaptureEntry>,
+    #[serde(default)]
+    pub capture_count: i32,
+
+    /// Compiled route tables of the route targets this node's meshed pods may dial
+    /// (their namespaces, their `aether.io/depends-on` targets, and those targets' backends).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TargetTable>,
+    #[serde(default)]
+    pub table_count: i32,
+
+    /// The SPIFFE identities each backend Service may present.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<ServiceIdentities>,
+}
+
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CaptureEntry {
+    pub ip: String,
+    pub port: i32,
+    /// The route target, `namespace/service`.
+    pub target: String,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetTable {
+    pub namespace: String,
+    pub service: String,
+    /// The route table, as the route engine compiled it (`aether_routing::RouteTable`).
+    #[schemars(schema_with = "opaque_object")]
+    pub table: serde_json::Value,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceIdentities {
+    pub namespace: String,
+    pub service: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<String>,
+}
+
+/// Reported by the node's proxy.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfigStatus {
+    /// The `metadata.generation` the proxy has applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// An object whose fields the API server keeps as they are: the route engine's own
+/// format, validated by the operator that writes it.
+fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
