@@ -1,0 +1,85 @@
+//! The per-pod capture table, `inet aether`, in the pod's own network namespace:
+//!
+//! ```text
+//! table inet aether {
+//!     set capture4 { type ipv4_addr . inet_service; }     # pods with an IPv4 address
+//!     set capture6 { type ipv6_addr . inet_service; }     # pods with an IPv6 address
+//!     chain output {
+//!         type nat hook output priority -100; policy accept;
+//!         meta mark 0x0ae70000 return                      # the proxy's own sockets
+//!         ip daddr . tcp dport @capture4 redirect to :15001
+//!         ip6 daddr . tcp dport @capture6 redirect to :15001
+//!     }
+//! }
+//! ```
+//!
+//! `redirect` sends a matching connection to the capture port on the pod's loopback, where the
+//! node proxy listens (it opens that socket inside the pod's netns); `SO_ORIGINAL_DST` gives the
+//! proxy the ClusterIP:port the app dialled. Everything else is left to kube-proxy as before.
+//!
+//! [`install`] and [`delete`] are for the CNI plugin, [`replace_elements`] for the proxy when
+//! route targets change, [`verify`] for both (CHECK, and the proxy's drift repair).
+
+mod exec;
+mod libnftables;
+mod ruleset;
+mod verify;
+
+pub use exec::{Nft, NftError};
+pub use ruleset::{
+    CHAIN, Families, Family, PROXY_SOCKET_MARK, RuleKind, TABLE, TableSpec, create_batch,
+    delete_batch, install_batch, replace_elements_batch,
+};
+pub use verify::{Drift, diff, our_objects};
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// Installs the table with `targets` in its sets, replacing any table an earlier ADD left.
+/// A new pod's netns has no table, so the cheap [`create_batch`] is tried first; if it fails for
+/// any reason, [`install_batch`] replaces whatever is there, and its error is the one reported.
+pub fn install(
+    nft: &Nft,
+    netns: &Path,
+    spec: &TableSpec,
+    targets: &[SocketAddr],
+) -> Result<(), NftError> {
+    match nft.apply(netns, &create_batch(spec, targets)) {
+        Ok(()) => Ok(()),
+        Err(e @ NftError::NetnsGone(_)) => Err(e),
+        Err(_) => nft.apply(netns, &install_batch(spec, targets)),
+    }
+}
+
+/// Replaces the set elements, atomically, without touching the rules. Fails if the table or a
+/// set of `families` is missing: that is drift, to be repaired with [`install`].
+pub fn replace_elements(
+    nft: &Nft,
+    netns: &Path,
+    families: Families,
+    targets: &[SocketAddr],
+) -> Result<(), NftError> {
+    nft.apply(netns, &replace_elements_batch(families, targets))
+}
+
+/// Every difference between the pod's table and `spec`; empty when it is as installed.
+pub fn verify(nft: &Nft, netns: &Path, spec: &TableSpec) -> Result<Vec<Drift>, NftError> {
+    Ok(diff(spec, &nft.list_ours(netns)?))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// The table is gone now (or never was).
+    Table,
+    /// The netns is gone, and the table with it.
+    Netns,
+}
+
+/// Deletes the table. Idempotent, and succeeds when the netns no longer exists.
+pub fn delete(nft: &Nft, netns: &Path) -> Result<Deleted, NftError> {
+    match nft.apply(netns, &delete_batch()) {
+        Ok(()) => Ok(Deleted::Table),
+        Err(NftError::NetnsGone(_)) => Ok(Deleted::Netns),
+        Err(e) => Err(e),
+    }
+}

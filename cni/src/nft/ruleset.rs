@@ -1,0 +1,518 @@
+//! The table, as typed nftables JSON. Pure: building batches touches no system.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use nftables::batch::Batch;
+use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
+use nftables::schema::{
+    Chain, Element, FlushObject, NfCmd, NfListObject, Nftables, Rule, Set, SetType, SetTypeValue,
+    Table,
+};
+use nftables::stmt::{Match, NAT, Operator, Statement};
+use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+
+pub const TABLE: &str = "aether";
+pub const CHAIN: &str = "output";
+/// The socket mark the node proxy sets (SO_MARK) on every socket it opens in a pod's netns, so
+/// its own connections are never captured. Matched exactly. A mark set inside the pod's netns is
+/// cleared when the packet leaves it through the veth, so no other netns ever sees it. An app
+/// could only forge it with CAP_NET_ADMIN, which would also let it delete the table.
+pub const PROXY_SOCKET_MARK: u32 = 0x0ae7_0000;
+/// NF_IP_PRI_NAT_DST, where `nft` puts `type nat hook output` chains by default.
+const DSTNAT_PRIORITY: i32 = -100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    pub fn set_name(self) -> &'static str {
+        match self {
+            Family::V4 => "capture4",
+            Family::V6 => "capture6",
+        }
+    }
+
+    fn addr_type(self) -> SetType {
+        match self {
+            Family::V4 => SetType::Ipv4Addr,
+            Family::V6 => SetType::Ipv6Addr,
+        }
+    }
+
+    /// The payload protocol whose `daddr` this family's rule matches.
+    fn protocol(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+}
+
+/// The IP families a pod has, hence the sets and rules its table holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Families {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+impl Families {
+    /// From the pod's addresses. With none known (a primary plugin that reports no IPs), both:
+    /// a set the pod cannot use costs nothing, a missing one would leave it uncaptured.
+    pub fn for_pod(ips: &[IpAddr]) -> Families {
+        let ipv4 = ips.iter().any(IpAddr::is_ipv4);
+        let ipv6 = ips.iter().any(IpAddr::is_ipv6);
+        if ipv4 || ipv6 {
+            Families { ipv4, ipv6 }
+        } else {
+            Families {
+                ipv4: true,
+                ipv6: true,
+            }
+        }
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Family> {
+        [(self.ipv4, Family::V4), (self.ipv6, Family::V6)]
+            .into_iter()
+            .filter_map(|(on, family)| on.then_some(family))
+    }
+}
+
+/// Everything that fixes the table's shape. The set elements are not part of it: they change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSpec {
+    pub capture_port: u16,
+    pub families: Families,
+}
+
+/// The rules of the output chain, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleKind {
+    /// `meta mark 0x0ae70000 return`: the proxy's own sockets pass untouched.
+    ProxyExempt,
+    /// `ip daddr . tcp dport @capture4 redirect to :PORT` (and `ip6 … @capture6`). The `tcp
+    /// dport` match implies `meta l4proto tcp`, which is how `nft` lists it back.
+    Capture(Family),
+}
+
+impl RuleKind {
+    pub fn all(spec: &TableSpec) -> Vec<RuleKind> {
+        std::iter::once(RuleKind::ProxyExempt)
+            .chain(spec.families.iter().map(RuleKind::Capture))
+            .collect()
+    }
+
+    pub fn statements(self, spec: &TableSpec) -> Vec<Statement<'static>> {
+        match self {
+            RuleKind::ProxyExempt => vec![
+                Statement::Match(Match {
+                    left: Expression::Named(NamedExpression::Meta(Meta { key: MetaKey::Mark })),
+                    right: Expression::Number(PROXY_SOCKET_MARK),
+                    op: Operator::EQ,
+                }),
+                Statement::Return(None),
+            ],
+            RuleKind::Capture(family) => vec![
+                Statement::Match(Match {
+                    left: Expression::Named(NamedExpression::Concat(vec![
+                        payload(family.protocol(), "daddr"),
+                        payload("tcp", "dport"),
+                    ])),
+                    right: Expression::String(format!("@{}", family.set_name()).into()),
+                    op: Operator::EQ,
+                }),
+                Statement::Redirect(Some(NAT {
+                    addr: None,
+                    family: None,
+                    port: Some(Expression::Number(spec.capture_port.into())),
+                    flags: None,
+                })),
+            ],
+        }
+    }
+
+    /// The rule in `nft` syntax, for messages.
+    pub fn describe(self, spec: &TableSpec) -> String {
+        match self {
+            RuleKind::ProxyExempt => format!("meta mark {PROXY_SOCKET_MARK:#010x} return"),
+            RuleKind::Capture(family) => format!(
+                "{} daddr . tcp dport @{} redirect to :{}",
+                family.protocol(),
+                family.set_name(),
+                spec.capture_port
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: protocol.into(),
+            field: field.into(),
+        },
+    )))
+}
+
+pub(super) fn table() -> Table<'static> {
+    Table {
+        family: NfFamily::INet,
+        name: TABLE.into(),
+        handle: None,
+    }
+}
+
+/// `set captureN { type ipvN_addr . inet_service; }`
+pub(super) fn set(family: Family) -> Set<'static> {
+    Set {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: family.set_name().into(),
+        set_type: SetTypeValue::Concatenated(Cow::Owned(vec![
+            family.addr_type(),
+            SetType::InetService,
+        ])),
+        handle: None,
+        policy: None,
+        flags: None,
+        elem: None,
+        timeout: None,
+        gc_interval: None,
+        size: None,
+        comment: None,
+    }
+}
+
+/// `chain output { type nat hook output priority -100; policy accept; }`: only locally
+/// generated packets, i.e. the pod's own outgoing connections, pass this hook.
+pub(super) fn chain() -> Chain<'static> {
+    Chain {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: CHAIN.into(),
+        _type: Some(NfChainType::NAT),
+        hook: Some(NfHook::Output),
+        prio: Some(DSTNAT_PRIORITY),
+        policy: Some(NfChainPolicy::Accept),
+        newname: None,
+        handle: None,
+        dev: None,
+    }
+}
+
+fn rule(spec: &TableSpec, kind: RuleKind) -> Rule<'static> {
+    Rule {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        chain: CHAIN.into(),
+        expr: Cow::Owned(kind.statements(spec)),
+        handle: None,
+        index: None,
+        comment: None,
+    }
+}
+
+/// `add element inet aether captureN { ADDR . PORT, … }`, or `None` when there are none:
+/// an empty element list is a syntax error to `nft`.
+fn elements(family: Family, targets: &[SocketAddr]) -> Option<Element<'static>> {
+    let unique: BTreeSet<SocketAddr> = targets
+        .iter()
+        .filter(|t| Family::of(t.ip()) == family)
+        .copied()
+        .collect();
+    if unique.is_empty() {
+        return None;
+    }
+    let elem = unique
+        .into_iter()
+        .map(|t| {
+            Expression::Named(NamedExpression::Concat(vec![
+                Expression::String(t.ip().to_string().into()),
+                Expression::Number(t.port().into()),
+            ]))
+        })
+        .collect::<Vec<_>>();
+    Some(Element {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: family.set_name().into(),
+        elem: Cow::Owned(elem),
+    })
+}
+
+/// The whole table in one transaction, failing if the table exists: what a new pod gets.
+/// Cheaper than [`install_batch`], whose `delete table` makes the kernel wait for an RCU grace
+/// period (about 10 ms here).
+pub fn create_batch(spec: &TableSpec, targets: &[SocketAddr]) -> Nftables<'static> {
+    let mut batch = Batch::new();
+    batch.add_cmd(NfCmd::Create(NfListObject::Table(table())));
+    add_contents(&mut batch, spec, targets);
+    batch.to_nftables()
+}
+
+/// The whole table in one transaction. `add table` then `delete table` first makes it
+/// idempotent: a table left by an earlier ADD (or changed by hand) is replaced, atomically.
+pub fn install_batch(spec: &TableSpec, targets: &[SocketAddr]) -> Nftables<'static> {
+    let mut batch = Batch::new();
+    batch.add(NfListObject::Table(table()));
+    batch.delete(NfListObject::Table(table()));
+    batch.add(NfListObject::Table(table()));
+    add_contents(&mut batch, spec, targets);
+    batch.to_nftables()
+}
+
+/// Sets, chain, rules and elements. Targets of a family the pod does not have are left out:
+/// it cannot reach them.
+fn add_contents(batch: &mut Batch<'static>, spec: &TableSpec, targets: &[SocketAddr]) {
+    for family in spec.families.iter() {
+        batch.add(NfListObject::Set(Box::new(set(family))));
+    }
+    batch.add(NfListObject::Chain(chain()));
+    for kind in RuleKind::all(spec) {
+        batch.add(NfListObject::Rule(rule(spec, kind)));
+    }
+    for family in spec.families.iter() {
+        if let Some(elements) = elements(family, targets) {
+            batch.add(NfListObject::Element(elements));
+        }
+    }
+}
+
+/// `flush set inet aether captureN` + `add element …` per family, in one transaction: a new
+/// connection sees either the old set or the new one. Rules are not touched.
+pub fn replace_elements_batch(families: Families, targets: &[SocketAddr]) -> Nftables<'static> {
+    let mut batch = Batch::new();
+    for family in families.iter() {
+        batch.add_cmd(NfCmd::Flush(FlushObject::Set(Box::new(set(family)))));
+        if let Some(elements) = elements(family, targets) {
+            batch.add(NfListObject::Element(elements));
+        }
+    }
+    batch.to_nftables()
+}
+
+/// `add table inet aether; delete table inet aether`: deletes whether or not it exists
+/// (nft 1.0.6 has no `destroy`).
+pub fn delete_batch() -> Nftables<'static> {
+    let mut batch = Batch::new();
+    batch.add(NfListObject::Table(table()));
+    batch.delete(NfListObject::Table(table()));
+    batch.to_nftables()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const DUAL: TableSpec = TableSpec {
+        capture_port: 15001,
+        families: Families {
+            ipv4: true,
+            ipv6: true,
+        },
+    };
+
+    fn json(n: &Nftables) -> Value {
+        serde_json::to_value(n).unwrap()
+    }
+
+    fn targets() -> Vec<SocketAddr> {
+        [
+            "10.96.0.10:80",
+            "10.96.0.10:80",
+            "[fd00::a]:443",
+            "10.96.0.11:8080",
+        ]
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect()
+    }
+
+    #[test]
+    fn families_follow_the_pod_ips() {
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        assert_eq!(
+            Families::for_pod(&[v4]).iter().collect::<Vec<_>>(),
+            [Family::V4]
+        );
+        assert_eq!(
+            Families::for_pod(&[v6]).iter().collect::<Vec<_>>(),
+            [Family::V6]
+        );
+        assert_eq!(Families::for_pod(&[v6, v4]).iter().count(), 2);
+        assert_eq!(Families::for_pod(&[]).iter().count(), 2);
+    }
+
+    #[test]
+    fn install_batch_is_the_whole_table_in_one_transaction() {
+        let batch = json(&install_batch(&DUAL, &targets()));
+        let cmds = batch["nftables"].as_array().unwrap();
+        let verbs: Vec<String> = cmds
+            .iter()
+            .map(|c| {
+                let (verb, obj) = c.as_object().unwrap().iter().next().unwrap();
+                format!("{verb} {}", obj.as_object().unwrap().keys().next().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            verbs,
+            [
+                "add table",
+                "delete table",
+                "add table",
+                "add set",
+                "add set",
+                "add chain",
+                "add rule",
+                "add rule",
+                "add rule",
+                "add element",
+                "add element"
+            ]
+        );
+        assert_eq!(
+            cmds[5],
+            json!({"add": {"chain": {"family": "inet", "table": "aether", "name": "output",
+                "type": "nat", "hook": "output", "prio": -100, "policy": "accept"}}})
+        );
+        assert_eq!(
+            cmds[3]["add"]["set"]["type"],
+            json!(["ipv4_addr", "inet_service"])
+        );
+    }
+
+    #[test]
+    fn create_batch_is_the_same_table_but_fails_if_it_exists() {
+        let create = json(&create_batch(&DUAL, &targets()));
+        let install = json(&install_batch(&DUAL, &targets()));
+        let create = create["nftables"].as_array().unwrap();
+        let install = install["nftables"].as_array().unwrap();
+        assert_eq!(
+            create[0],
+            json!({"create": {"table": {"family": "inet", "name": "aether"}}})
+        );
+        assert_eq!(create[1..], install[3..]);
+    }
+
+    #[test]
+    fn rules_are_the_documented_ones() {
+        let batch = json(&install_batch(&DUAL, &[]));
+        let rules: Vec<&Value> = batch["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["add"].get("rule"))
+            .collect();
+        assert_eq!(
+            rules[0]["expr"],
+            json!([{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 0x0ae7_0000}}, {"return": null}])
+        );
+        assert_eq!(
+            rules[2]["expr"],
+            json!([
+                {"match": {"op": "==", "left": {"concat": [
+                    {"payload": {"protocol": "ip6", "field": "daddr"}},
+                    {"payload": {"protocol": "tcp", "field": "dport"}}]}, "right": "@capture6"}},
+                {"redirect": {"port": 15001}}
+            ])
+        );
+        assert_eq!(
+            RuleKind::all(&DUAL)
+                .iter()
+                .map(|k| k.describe(&DUAL))
+                .collect::<Vec<_>>(),
+            [
+                "meta mark 0x0ae70000 return",
+                "ip daddr . tcp dport @capture4 redirect to :15001",
+                "ip6 daddr . tcp dport @capture6 redirect to :15001",
+            ]
+        );
+    }
+
+    #[test]
+    fn elements_are_split_by_family_and_deduplicated() {
+        let batch = json(&install_batch(&DUAL, &targets()));
+        let elements: Vec<&Value> = batch["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["add"].get("element"))
+            .collect();
+        assert_eq!(elements[0]["name"], "capture4");
+        assert_eq!(
+            elements[0]["elem"],
+            json!([{"concat": ["10.96.0.10", 80]}, {"concat": ["10.96.0.11", 8080]}])
+        );
+        assert_eq!(elements[1]["name"], "capture6");
+        assert_eq!(elements[1]["elem"], json!([{"concat": ["fd00::a", 443]}]));
+    }
+
+    #[test]
+    fn an_ipv4_pod_gets_no_ipv6_set_rule_or_elements() {
+        let spec = TableSpec {
+            families: Families {
+                ipv4: true,
+                ipv6: false,
+            },
+            ..DUAL
+        };
+        let text = json(&install_batch(&spec, &targets())).to_string();
+        assert!(
+            !text.contains("capture6") && !text.contains("fd00::a"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn replacing_elements_flushes_then_adds_and_leaves_rules_alone() {
+        let batch = json(&replace_elements_batch(DUAL.families, &targets()));
+        let text = batch.to_string();
+        assert!(
+            !text.contains("\"rule\"") && !text.contains("\"chain\""),
+            "{text}"
+        );
+        let cmds = batch["nftables"].as_array().unwrap();
+        assert_eq!(cmds[0]["flush"]["set"]["name"], "capture4");
+        assert_eq!(cmds[1]["add"]["element"]["name"], "capture4");
+        assert_eq!(cmds[2]["flush"]["set"]["name"], "capture6");
+        // An empty capture set only flushes.
+        let batch = json(&replace_elements_batch(DUAL.families, &[]));
+        assert_eq!(batch["nftables"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn delete_batch_tolerates_a_missing_table() {
+        assert_eq!(
+            json(&delete_batch()),
+            json!({"nftables": [
+                {"add": {"table": {"family": "inet", "name": "aether"}}},
+                {"delete": {"table": {"family": "inet", "name": "aether"}}}
+            ]})
+        );
+    }
+}

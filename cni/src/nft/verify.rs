@@ -1,0 +1,380 @@
+//! CHECK's comparison of a listed ruleset with the table ADD installs. Pure.
+
+use std::fmt;
+
+use nftables::schema::{NfListObject, NfObject, Nftables, SetTypeValue};
+use nftables::types::NfFamily;
+use serde_json::Value;
+
+use super::ruleset::{CHAIN, Family, RuleKind, TABLE, TableSpec, chain, set};
+
+/// One way the table differs from what ADD installs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Drift {
+    TableMissing,
+    SetMissing(&'static str),
+    SetChanged { name: &'static str, found: String },
+    UnexpectedSet(String),
+    ChainMissing,
+    ChainChanged { found: String },
+    UnexpectedChain(String),
+    RuleMissing(String),
+    UnexpectedRule(String),
+    RulesReordered,
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Drift::TableMissing => write!(f, "table inet {TABLE} is missing"),
+            Drift::SetMissing(name) => write!(f, "set inet {TABLE} {name} is missing"),
+            Drift::SetChanged { name, found } => {
+                write!(f, "set inet {TABLE} {name} has type {found}")
+            }
+            Drift::UnexpectedSet(name) => write!(f, "set inet {TABLE} {name} should not exist"),
+            Drift::ChainMissing => write!(f, "chain inet {TABLE} {CHAIN} is missing"),
+            Drift::ChainChanged { found } => {
+                write!(f, "chain inet {TABLE} {CHAIN} is {found}")
+            }
+            Drift::UnexpectedChain(name) => {
+                write!(f, "chain inet {TABLE} {name} should not exist")
+            }
+            Drift::RuleMissing(rule) => write!(f, "rule `{rule}` is missing"),
+            Drift::UnexpectedRule(expr) => write!(f, "unexpected rule {expr}"),
+            Drift::RulesReordered => write!(f, "the rules of chain {CHAIN} are out of order"),
+        }
+    }
+}
+
+/// The objects of our table in the output of `nft -j list ruleset`. Objects of other tables
+/// are dropped unread, so whatever else lives in the pod's netns cannot break CHECK.
+pub fn our_objects(listing: &Value) -> Result<Nftables<'static>, serde_json::Error> {
+    let objects = listing
+        .get("nftables")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|object| is_ours(object))
+        .map(|object| serde_json::from_value(object.clone()))
+        .collect::<Result<Vec<NfObject>, _>>()?;
+    Ok(Nftables {
+        objects: objects.into(),
+    })
+}
+
+fn is_ours(object: &Value) -> bool {
+    let Some((kind, body)) = object.as_object().and_then(|o| o.iter().next()) else {
+        return false;
+    };
+    let table = if kind == "table" { "name" } else { "table" };
+    body.get("family").and_then(Value::as_str) == Some("inet")
+        && body.get(table).and_then(Value::as_str) == Some(TABLE)
+}
+
+/// Compares the output of `nft -j list ruleset` with `spec`. Set elements are not compared:
+/// they change at run time and the proxy owns them.
+pub fn diff(spec: &TableSpec, listed: &Nftables) -> Vec<Drift> {
+    let ours: Vec<&NfListObject> = listed
+        .objects
+        .iter()
+        .filter_map(|object| match object {
+            NfObject::ListObject(object) if in_our_table(object) => Some(object),
+            _ => None,
+        })
+        .collect();
+    if !ours.iter().any(
+        |o| matches!(o, NfListObject::Table(t) if t.family == NfFamily::INet && t.name == TABLE),
+    ) {
+        return vec![Drift::TableMissing];
+    }
+    let mut drift = Vec::new();
+    diff_sets(spec, &ours, &mut drift);
+    diff_chains(&ours, &mut drift);
+    diff_rules(spec, &ours, &mut drift);
+    drift
+}
+
+fn in_our_table(object: &NfListObject) -> bool {
+    let (family, table) = match object {
+        NfListObject::Table(t) => (t.family, &t.name),
+        NfListObject::Chain(c) => (c.family, &c.table),
+        NfListObject::Rule(r) => (r.family, &r.table),
+        NfListObject::Set(s) => (s.family, &s.table),
+        NfListObject::Map(m) => (m.family, &m.table),
+        _ => return false,
+    };
+    family == NfFamily::INet && table == TABLE
+}
+
+fn diff_sets(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
+    let listed: Vec<_> = ours
+        .iter()
+        .filter_map(|o| match o {
+            NfListObject::Set(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    for family in spec.families.iter() {
+        let name = family.set_name();
+        match listed.iter().find(|s| s.name == name) {
+            None => drift.push(Drift::SetMissing(name)),
+            Some(found) if found.set_type != set(family).set_type => {
+                drift.push(Drift::SetChanged {
+                    name,
+                    found: type_name(&found.set_type),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    let expected: Vec<&str> = spec.families.iter().map(Family::set_name).collect();
+    for found in listed {
+        if !expected.contains(&found.name.as_ref()) {
+            drift.push(Drift::UnexpectedSet(found.name.to_string()));
+        }
+    }
+}
+
+fn type_name(value: &SetTypeValue) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("<{e}>"))
+}
+
+fn diff_chains(ours: &[&NfListObject], drift: &mut Vec<Drift>) {
+    let mut seen = false;
+    for object in ours {
+        let NfListObject::Chain(found) = object else {
+            continue;
+        };
+        if found.name != CHAIN {
+            drift.push(Drift::UnexpectedChain(found.name.to_string()));
+            continue;
+        }
+        seen = true;
+        let want = chain();
+        if (found._type, found.hook, found.prio, found.policy)
+            != (want._type, want.hook, want.prio, want.policy)
+        {
+            drift.push(Drift::ChainChanged {
+                found: format!(
+                    "type {:?} hook {:?} priority {:?} policy {:?}",
+                    found._type, found.hook, found.prio, found.policy
+                ),
+            });
+        }
+    }
+    if !seen {
+        drift.push(Drift::ChainMissing);
+    }
+}
+
+fn diff_rules(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
+    let found: Vec<_> = ours
+        .iter()
+        .filter_map(|o| match o {
+            NfListObject::Rule(r) if r.chain == CHAIN => Some(&r.expr),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<(RuleKind, _)> = RuleKind::all(spec)
+        .into_iter()
+        .map(|kind| (kind, kind.statements(spec)))
+        .collect();
+    let mut complete = true;
+    for (kind, statements) in &expected {
+        if !found.iter().any(|f| f.as_ref() == statements.as_slice()) {
+            complete = false;
+            drift.push(Drift::RuleMissing(kind.describe(spec)));
+        }
+    }
+    for f in &found {
+        if !expected.iter().any(|(_, s)| f.as_ref() == s.as_slice()) {
+            complete = false;
+            drift.push(Drift::UnexpectedRule(
+                serde_json::to_string(f.as_ref()).unwrap_or_else(|e| format!("<{e}>")),
+            ));
+        }
+    }
+    let in_order = found
+        .iter()
+        .map(|f| f.as_ref())
+        .eq(expected.iter().map(|(_, s)| s.as_slice()));
+    if complete && !in_order {
+        drift.push(Drift::RulesReordered);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nftables::schema::NfCmd;
+
+    use super::super::ruleset::{Families, install_batch};
+    use super::*;
+
+    const SPEC: TableSpec = TableSpec {
+        capture_port: 15001,
+        families: Families {
+            ipv4: true,
+            ipv6: true,
+        },
+    };
+
+    /// What `nft -j list ruleset` shows after the install batch: its `add` objects, listed.
+    fn listed(spec: &TableSpec) -> Vec<NfObject<'static>> {
+        let batch = install_batch(spec, &[]);
+        batch.objects[2..]
+            .iter()
+            .filter_map(|o| match o {
+                NfObject::CmdObject(NfCmd::Add(obj)) => Some(NfObject::ListObject(obj.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn nft(objects: Vec<NfObject<'static>>) -> Nftables<'static> {
+        Nftables {
+            objects: objects.into(),
+        }
+    }
+
+    #[test]
+    fn the_installed_table_has_no_drift() {
+        assert_eq!(diff(&SPEC, &nft(listed(&SPEC))), []);
+    }
+
+    #[test]
+    fn nft_json_listing_parses_and_matches() {
+        // Real `nft -j list ruleset` output (nft 1.0.6) for the table, with another table
+        // beside it that must be ignored.
+        let text = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
+          {"table": {"family": "ip", "name": "other", "handle": 1}},
+          {"table": {"family": "inet", "name": "aether", "handle": 2}},
+          {"set": {"family": "inet", "name": "capture4", "table": "aether", "type": ["ipv4_addr", "inet_service"], "handle": 2, "elem": [{"concat": ["10.96.0.10", 80]}]}},
+          {"set": {"family": "inet", "name": "capture6", "table": "aether", "type": ["ipv6_addr", "inet_service"], "handle": 3}},
+          {"chain": {"family": "inet", "table": "aether", "name": "output", "handle": 1, "type": "nat", "hook": "output", "prio": -100, "policy": "accept"}},
+          {"rule": {"family": "inet", "table": "aether", "chain": "output", "handle": 4, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 182910976}}, {"return": null}]}},
+          {"rule": {"family": "inet", "table": "aether", "chain": "output", "handle": 5, "expr": [{"match": {"op": "==", "left": {"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"payload": {"protocol": "tcp", "field": "dport"}}]}, "right": "@capture4"}}, {"redirect": {"port": 15001}}]}},
+          {"rule": {"family": "inet", "table": "aether", "chain": "output", "handle": 6, "expr": [{"match": {"op": "==", "left": {"concat": [{"payload": {"protocol": "ip6", "field": "daddr"}}, {"payload": {"protocol": "tcp", "field": "dport"}}]}, "right": "@capture6"}}, {"redirect": {"port": 15001}}]}}]}"#;
+        let listed: Nftables = serde_json::from_str(text).unwrap();
+        assert_eq!(diff(&SPEC, &listed), []);
+        let other_port = TableSpec {
+            capture_port: 15002,
+            ..SPEC
+        };
+        let drift = diff(&other_port, &listed);
+        assert!(drift.contains(&Drift::RuleMissing(
+            "ip daddr . tcp dport @capture4 redirect to :15002".into()
+        )));
+        assert_eq!(
+            drift
+                .iter()
+                .filter(|d| matches!(d, Drift::UnexpectedRule(_)))
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn other_tables_are_not_even_parsed() {
+        let listing = serde_json::json!({"nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {"table": {"family": "ip", "name": "app", "handle": 1}},
+            {"rule": {"family": "ip", "table": "app", "chain": "x", "expr": [{"some future expression": {}}]}},
+            {"table": {"family": "inet", "name": "aether", "handle": 2}}
+        ]});
+        let ours = our_objects(&listing).unwrap();
+        assert_eq!(ours.objects.len(), 1);
+        assert!(diff(&SPEC, &ours).contains(&Drift::ChainMissing));
+        assert_eq!(
+            our_objects(&serde_json::json!("nonsense"))
+                .unwrap()
+                .objects
+                .len(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_missing_table_is_reported_alone() {
+        assert_eq!(diff(&SPEC, &nft(vec![])), [Drift::TableMissing]);
+        assert_eq!(
+            Drift::TableMissing.to_string(),
+            "table inet aether is missing"
+        );
+    }
+
+    #[test]
+    fn missing_pieces_are_named() {
+        let objects: Vec<_> = listed(&SPEC)
+            .into_iter()
+            .filter(|o| {
+                !matches!(o, NfObject::ListObject(NfListObject::Set(s)) if s.name == "capture6")
+                    && !matches!(o, NfObject::ListObject(NfListObject::Chain(_)))
+            })
+            .collect();
+        let drift = diff(&SPEC, &nft(objects));
+        assert!(drift.contains(&Drift::SetMissing("capture6")), "{drift:?}");
+        assert!(drift.contains(&Drift::ChainMissing), "{drift:?}");
+    }
+
+    #[test]
+    fn a_deleted_rule_is_named_in_nft_syntax() {
+        let objects: Vec<_> = listed(&SPEC)
+            .into_iter()
+            .filter(|o| !matches!(o, NfObject::ListObject(NfListObject::Rule(r)) if serde_json::to_string(&r.expr).unwrap().contains("capture4")))
+            .collect();
+        let drift = diff(&SPEC, &nft(objects));
+        assert_eq!(
+            drift,
+            [Drift::RuleMissing(
+                "ip daddr . tcp dport @capture4 redirect to :15001".into()
+            )]
+        );
+        assert_eq!(
+            drift[0].to_string(),
+            "rule `ip daddr . tcp dport @capture4 redirect to :15001` is missing"
+        );
+    }
+
+    #[test]
+    fn reordered_rules_are_reported() {
+        let mut objects = listed(&SPEC);
+        let first_rule = objects
+            .iter()
+            .position(|o| matches!(o, NfObject::ListObject(NfListObject::Rule(_))))
+            .unwrap();
+        objects.swap(first_rule, first_rule + 1);
+        assert_eq!(diff(&SPEC, &nft(objects)), [Drift::RulesReordered]);
+    }
+
+    #[test]
+    fn a_changed_chain_and_extra_sets_are_reported() {
+        let v4_only = TableSpec {
+            families: Families {
+                ipv4: true,
+                ipv6: false,
+            },
+            ..SPEC
+        };
+        let mut objects = listed(&v4_only);
+        objects.extend(listed(&SPEC).into_iter().filter(
+            |o| matches!(o, NfObject::ListObject(NfListObject::Set(s)) if s.name == "capture6"),
+        ));
+        for object in &mut objects {
+            if let NfObject::ListObject(NfListObject::Chain(c)) = object {
+                c.prio = Some(0);
+            }
+        }
+        let drift = diff(&v4_only, &nft(objects));
+        assert!(
+            drift.contains(&Drift::UnexpectedSet("capture6".into())),
+            "{drift:?}"
+        );
+        assert!(
+            drift
+                .iter()
+                .any(|d| matches!(d, Drift::ChainChanged { found } if found.contains("Some(0)"))),
+            "{drift:?}"
+        );
+    }
+}
