@@ -1,10 +1,103 @@
-//! aether-operator: turns GAMMA routes into RouteTargets, their status and per-node config,
-//! and runs the mesh certificate authority.
-//! Not built yet: the binary refuses to start rather than pretend to run.
+//! aether-operator: derives RouteTargets from GAMMA routes, writes their status, the routes'
+//! status and the per-node configs (as the elected leader), and runs the mesh certificate
+//! authority (every replica serves it).
 
-use std::process::ExitCode;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-fn main() -> ExitCode {
-    eprintln!("aether-operator: the controller is not implemented yet");
-    ExitCode::from(2)
+use aether_operator::ca::{self, CaConfig, ServiceAccountRef};
+use aether_operator::controller::{self, Config};
+use aether_operator::leader;
+use aether_operator::metrics::{self, Metrics};
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(name = "aether-operator", version, about)]
+struct Args {
+    /// The install namespace: leader Lease, CA Secret, trust bundle.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "aether-system")]
+    namespace: String,
+    /// This replica's name in the leader election.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// The node proxy's ServiceAccount, `namespace/name`: the only caller the CA signs for.
+    #[arg(long, default_value = "aether-system/aether-proxy")]
+    proxy_service_account: String,
+    /// The certificate authority's HTTPS endpoint.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    ca_addr: SocketAddr,
+    /// /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_addr: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server")?;
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("aether-operator-{}", std::process::id()));
+
+    let proxy: ServiceAccountRef = args
+        .proxy_service_account
+        .parse()
+        .with_context(|| format!("--proxy-service-account {:?}", args.proxy_service_account))?;
+    let ca_config = CaConfig {
+        namespace: args.namespace.clone(),
+        trust_domain: args.trust_domain.clone(),
+        cluster_domain: args.cluster_domain.clone(),
+        proxy_service_account: proxy,
+        bind: args.ca_addr,
+        ..CaConfig::default()
+    };
+    let ca = ca::start(client.clone(), ca_config)
+        .await
+        .context("starting the certificate authority")?;
+
+    let metrics = Arc::new(Metrics::new());
+    let (ready_tx, ready) = watch::channel(false);
+    tokio::spawn(metrics::serve(args.metrics_addr, metrics.clone(), ready));
+    let (leading_tx, leading) = watch::channel(false);
+    tokio::spawn(leader::elect(
+        client.clone(),
+        args.namespace.clone(),
+        "aether-operator".into(),
+        identity,
+        leading_tx,
+    ));
+    let controller = tokio::spawn(controller::run(
+        client,
+        Config {
+            trust_domain: args.trust_domain,
+        },
+        leading,
+        metrics,
+        ready_tx,
+    ));
+
+    let mut terminate =
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+        _ = controller => tracing::error!("the controller stopped"),
+    }
+    ca.shutdown().await;
+    Ok(())
 }

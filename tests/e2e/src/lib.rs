@@ -98,6 +98,62 @@ impl Cluster {
         })
     }
 
+    /// A client authenticated as a ServiceAccount (with a fresh token from the TokenRequest
+    /// API), so a test runs a component with exactly the permissions its RBAC grants.
+    pub async fn client_as(&self, namespace: &str, service_account: &str) -> Result<kube::Client> {
+        let token = self.kubectl(&[
+            "-n",
+            namespace,
+            "create",
+            "token",
+            service_account,
+            "--duration=1h",
+        ])?;
+        let mut kubeconfig = Kubeconfig::read_from(&self.paths.kubeconfig)?;
+        for user in &mut kubeconfig.auth_infos {
+            if let Some(auth) = user.auth_info.as_mut() {
+                *auth = kube::config::AuthInfo {
+                    token: Some(token.trim().to_owned().into()),
+                    ..Default::default()
+                };
+            }
+        }
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Renders one template of the aether chart for the install namespace `namespace`.
+    pub fn chart_template(&self, namespace: &str, template: &str) -> Result<String> {
+        let helm = self.paths.kubectl.with_file_name("helm");
+        let chart = self.paths.repo.join("charts/aether");
+        let output = Command::new(helm)
+            .args(["template", "aether"])
+            .arg(&chart)
+            .args(["--namespace", namespace, "--show-only", template])
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "helm template {template} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Applies manifests given as text.
+    pub fn apply_text(&self, manifests: &str) -> Result<()> {
+        let file = std::env::temp_dir().join(format!(
+            "aether-e2e-{}-{}.yaml",
+            std::process::id(),
+            manifests.len()
+        ));
+        std::fs::write(&file, manifests)?;
+        let result = self.apply(&file);
+        std::fs::remove_file(&file)?;
+        result
+    }
+
     /// Runs kubectl against the cluster; fails with its output when it fails.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         let output = Command::new(&self.paths.kubectl)

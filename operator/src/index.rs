@@ -1,0 +1,272 @@
+//! The operator's view of the cluster, as plain data: what the watches delivered, reduced
+//! to what routing, status and per-node config need. Built from the watch caches; every
+//! computation on it is a pure function.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aether_crds::well_known::{CAPTURE_ANNOTATION, DEPENDS_ON_ANNOTATION, MANAGED_LABEL};
+use aether_crds::{NodeConfig, RouteTarget};
+use aether_routing::{RouteSource, ServiceInfo, ServiceKind, ServicePort};
+use gateway_api::grpcroutes::GrpcRoute;
+use gateway_api::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// `namespace/name`.
+pub type Key = (String, String);
+
+pub fn key(namespace: &str, name: &str) -> Key {
+    (namespace.to_owned(), name.to_owned())
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServiceData {
+    pub info: ServiceInfo,
+    pub cluster_ips: Vec<String>,
+    /// None for a Service without a selector (its endpoints are managed by hand).
+    pub selector: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodData {
+    pub node: Option<String>,
+    pub service_account: String,
+    pub labels: BTreeMap<String, String>,
+    /// In a managed namespace and not opted out.
+    pub meshed: bool,
+    /// Route targets named by `aether.io/depends-on`.
+    pub depends_on: Vec<Key>,
+    pub terminating: bool,
+}
+
+/// A RouteTarget object as it exists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetObject {
+    pub service: String,
+    pub derived: bool,
+    pub generation: Option<i64>,
+    /// Its inline rules, for a hand-written one.
+    pub inline: Option<RouteSource>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Index {
+    pub services: BTreeMap<Key, ServiceData>,
+    pub routes: BTreeMap<(&'static str, String, String), RouteSource>,
+    pub targets: BTreeMap<Key, TargetObject>,
+    pub pods: BTreeMap<Key, PodData>,
+    pub managed_namespaces: BTreeSet<String>,
+    /// Ready endpoint addresses per Service.
+    pub ready_endpoints: BTreeMap<Key, usize>,
+    /// Node name -> the config generation its proxy reports as applied, and the
+    /// generation of the object.
+    pub node_configs: BTreeMap<String, (Option<i64>, Option<i64>)>,
+    pub nodes: BTreeSet<String>,
+}
+
+fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
+    key(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+impl Index {
+    pub fn add_service(&mut self, service: &Service) {
+        let (namespace, name) = ns_name(&service.metadata);
+        let spec = service.spec.clone().unwrap_or_default();
+        let kind = match (spec.type_.as_deref(), spec.cluster_ip.as_deref()) {
+            (Some("ExternalName"), _) => ServiceKind::ExternalName,
+            (_, Some("None")) => ServiceKind::Headless,
+            _ => ServiceKind::ClusterIp,
+        };
+        let ports = spec
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+            .filter_map(|p| {
+                Some(ServicePort {
+                    name: p.name.clone(),
+                    port: u16::try_from(p.port).ok()?,
+                    app_protocol: p.app_protocol.clone(),
+                })
+            })
+            .collect();
+        let cluster_ips = spec
+            .cluster_ips
+            .clone()
+            .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|ip| ip != "None" && !ip.is_empty())
+            .collect();
+        let info = ServiceInfo {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            kind,
+            ports,
+        };
+        self.services.insert(
+            (namespace, name),
+            ServiceData {
+                info,
+                cluster_ips,
+                selector: spec.selector,
+            },
+        );
+    }
+
+    pub fn add_http_route(&mut self, route: &HttpRoute) {
+        let (namespace, name) = ns_name(&route.metadata);
+        self.routes.insert(
+            ("HTTPRoute", namespace, name),
+            RouteSource::from_http_route(route),
+        );
+    }
+
+    pub fn add_grpc_route(&mut self, route: &GrpcRoute) {
+        let (namespace, name) = ns_name(&route.metadata);
+        self.routes.insert(
+            ("GRPCRoute", namespace, name),
+            RouteSource::from_grpc_route(route),
+        );
+    }
+
+    pub fn add_route_target(&mut self, target: &RouteTarget) {
+        let derived = target
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(aether_crds::well_known::DERIVED_LABEL))
+            .is_some_and(|v| v == "true");
+        self.targets.insert(
+            ns_name(&target.metadata),
+            TargetObject {
+                service: target.spec.service.clone(),
+                derived,
+                generation: target.metadata.generation,
+                inline: (!derived).then(|| RouteSource::from_route_target(target)),
+            },
+        );
+    }
+
+    pub fn add_namespace(&mut self, namespace: &Namespace) {
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        let managed = namespace
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_LABEL))
+            .is_some_and(|v| v == "true");
+        if managed {
+            self.managed_namespaces.insert(name);
+        }
+    }
+
+    /// Pods are added after namespaces: whether a pod is meshed depends on its namespace.
+    pub fn add_pod(&mut self, pod: &Pod) {
+        let (namespace, name) = ns_name(&pod.metadata);
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let opted_out = annotations
+            .get(CAPTURE_ANNOTATION)
+            .is_some_and(|v| v == "disabled");
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let depends_on = annotations
+            .get(DEPENDS_ON_ANNOTATION)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| match s.split_once('/') {
+                        Some((ns, svc)) => key(ns, svc),
+                        None => key(&namespace, s),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let data = PodData {
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            meshed: self.managed_namespaces.contains(&namespace) && !opted_out && !host_network,
+            depends_on,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        };
+        self.pods.insert((namespace, name), data);
+    }
+
+    pub fn add_endpoint_slice(&mut self, slice: &EndpointSlice) {
+        let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+        let Some(service) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+        else {
+            return;
+        };
+        let ready = slice
+            .endpoints
+            .iter()
+            .flatten()
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+            .map(|e| e.addresses.len())
+            .sum::<usize>();
+        *self
+            .ready_endpoints
+            .entry(key(&namespace, service))
+            .or_default() += ready;
+    }
+
+    pub fn add_node_config(&mut self, config: &NodeConfig) {
+        let name = config.metadata.name.clone().unwrap_or_default();
+        let applied = config.status.as_ref().and_then(|s| s.applied_generation);
+        self.node_configs
+            .insert(name, (applied, config.metadata.generation));
+    }
+
+    pub fn add_node(&mut self, name: &str) {
+        self.nodes.insert(name.to_owned());
+    }
+
+    /// The pods a Service selects (not terminating).
+    pub fn selected_pods<'a>(
+        &'a self,
+        service: &'a Key,
+    ) -> impl Iterator<Item = (&'a Key, &'a PodData)> + 'a {
+        let selector = self.services.get(service).and_then(|s| s.selector.as_ref());
+        self.pods.iter().filter(move |((namespace, _), pod)| {
+            namespace == &service.0
+                && !pod.terminating
+                && selector.is_some_and(|sel| {
+                    !sel.is_empty() && sel.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+                })
+        })
+    }
+
+    /// SPIFFE identities of the pods behind a Service, sorted.
+    pub fn identities(&self, trust_domain: &str, service: &Key) -> Vec<String> {
+        let ids: BTreeSet<String> = self
+            .selected_pods(service)
+            .map(|((namespace, _), pod)| {
+                aether_crds::well_known::spiffe_id(trust_domain, namespace, &pod.service_account)
+            })
+            .collect();
+        ids.into_iter().collect()
+    }
+}
+
+impl aether_routing::ServiceLookup for Index {
+    fn service(&self, namespace: &str, name: &str) -> Option<&ServiceInfo> {
+        self.services.get(&key(namespace, name)).map(|s| &s.info)
+    }
+}

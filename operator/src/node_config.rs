@@ -1,0 +1,142 @@
+//! Per-node config, as a pure function: the capture set of the whole mesh, and the route
+//! tables and backend identities that this node's meshed pods may need (demand scope).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aether_crds::node_config::{CaptureEntry, NodeConfigSpec, ServiceIdentities, TargetTable};
+use aether_routing::RouteTable;
+use aether_routing::table::BackendTarget;
+
+use crate::index::{Index, Key, key};
+use crate::targets::Target;
+
+/// ClusterIP:port pairs of every route target, sorted.
+pub fn capture_set(index: &Index, targets: &BTreeMap<Key, Target>) -> Vec<CaptureEntry> {
+    let mut capture: Vec<CaptureEntry> = targets
+        .keys()
+        .filter_map(|k| index.services.get(k).map(|s| (k, s)))
+        .flat_map(|((ns, name), service)| {
+            service.cluster_ips.iter().flat_map(move |ip| {
+                service.info.ports.iter().map(move |p| CaptureEntry {
+                    ip: ip.clone(),
+                    port: i32::from(p.port),
+                    target: format!("{ns}/{name}"),
+                })
+            })
+        })
+        .collect();
+    capture.sort();
+    capture
+}
+
+/// The backend Services a table sends traffic or mirrors to.
+fn backends(table: &RouteTable) -> BTreeSet<Key> {
+    let mut out = BTreeSet::new();
+    for port in &table.ports {
+        for set in port.producer.iter().chain(port.consumers.values()) {
+            for rule in &set.rules {
+                let targets = rule
+                    .backends
+                    .iter()
+                    .map(|b| &b.target)
+                    .chain(rule.filters.mirrors.iter().map(|m| &m.target));
+                for target in targets {
+                    if let BackendTarget::Service(s) = target {
+                        out.insert(key(&s.namespace, &s.name));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The route targets whose tables the node needs: targets in the namespaces of its meshed
+/// pods and those its pods name in `aether.io/depends-on`, plus the targets among their
+/// backends.
+pub fn demand(
+    index: &Index,
+    node: &str,
+    targets: &BTreeMap<Key, Target>,
+) -> (BTreeSet<Key>, BTreeSet<String>) {
+    let local: Vec<(&Key, _)> = index
+        .pods
+        .iter()
+        .filter(|(_, p)| p.meshed && !p.terminating && p.node.as_deref() == Some(node))
+        .collect();
+    let client_namespaces: BTreeSet<String> = local.iter().map(|((ns, _), _)| ns.clone()).collect();
+    let mut wanted: BTreeSet<Key> = targets
+        .keys()
+        .filter(|(ns, _)| client_namespaces.contains(ns))
+        .cloned()
+        .collect();
+    wanted.extend(
+        local
+            .iter()
+            .flat_map(|(_, p)| p.depends_on.iter().cloned())
+            .filter(|k| targets.contains_key(k)),
+    );
+    let backends: BTreeSet<Key> = wanted
+        .iter()
+        .filter_map(|k| targets.get(k))
+        .flat_map(|t| backends(&t.compiled.table))
+        .filter(|k| targets.contains_key(k))
+        .collect();
+    wanted.extend(backends);
+    (wanted, client_namespaces)
+}
+
+/// A table with only the consumer rules of namespaces that have clients on the node.
+fn scoped(table: &RouteTable, client_namespaces: &BTreeSet<String>) -> RouteTable {
+    let mut table = table.clone();
+    for port in &mut table.ports {
+        port.consumers
+            .retain(|ns, _| client_namespaces.contains(ns));
+    }
+    table
+}
+
+pub fn node_config(
+    index: &Index,
+    node: &str,
+    targets: &BTreeMap<Key, Target>,
+    trust_domain: &str,
+) -> NodeConfigSpec {
+    let capture = capture_set(index, targets);
+    let (wanted, client_namespaces) = demand(index, node, targets);
+    let tables: Vec<TargetTable> = wanted
+        .iter()
+        .filter_map(|k| targets.get(k))
+        .map(|t| TargetTable {
+            namespace: t.key.0.clone(),
+            service: t.key.1.clone(),
+            table: serde_json::to_value(scoped(&t.compiled.table, &client_namespaces))
+                .unwrap_or_default(),
+        })
+        .collect();
+    // Identities of every Service a request from this node may reach: the wanted targets
+    // themselves (traffic with no route passes through to them) and their backends.
+    let mut services: BTreeSet<Key> = wanted.clone();
+    services.extend(
+        wanted
+            .iter()
+            .filter_map(|k| targets.get(k))
+            .flat_map(|t| backends(&t.compiled.table)),
+    );
+    let identities = services
+        .into_iter()
+        .map(|k| ServiceIdentities {
+            identities: index.identities(trust_domain, &k),
+            namespace: k.0,
+            service: k.1,
+        })
+        .filter(|s| !s.identities.is_empty())
+        .collect();
+    NodeConfigSpec {
+        capture_count: capture.len() as i32,
+        capture,
+        table_count: tables.len() as i32,
+        tables,
+        identities,
+    }
+}

@@ -1,0 +1,298 @@
+//! Status, computed as pure functions of the index and the compiled targets: the
+//! RouteTarget status, and the `status.parents` entries aether owns in Gateway API routes.
+
+use std::collections::BTreeMap;
+
+use aether_crds::conditions::{self, reason};
+use aether_crds::route_target::{AttachedRoute, ResolvedBackend, RouteTargetStatus, TargetPort};
+use aether_crds::well_known::CONTROLLER_NAME;
+use aether_routing::table::{BackendTarget, RouteKind};
+use aether_routing::{ServiceKind, Verdict};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::{Value, json};
+
+use crate::index::{Index, Key};
+use crate::targets::Target;
+
+/// A condition that keeps its previous transition time while its status stays the same.
+pub fn condition(
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == kind && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: kind.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+/// How many nodes have applied a config that includes every route target.
+fn programmed(index: &Index) -> (usize, usize) {
+    let total = index.nodes.len();
+    let applied = index
+        .nodes
+        .iter()
+        .filter(|node| matches!(index.node_configs.get(*node), Some((Some(applied), Some(generation))) if applied >= generation))
+        .count();
+    (applied, total)
+}
+
+pub fn route_target_status(
+    index: &Index,
+    target: &Target,
+    trust_domain: &str,
+    generation: Option<i64>,
+    previous: Option<&RouteTargetStatus>,
+    now: &Time,
+) -> RouteTargetStatus {
+    let previous_conditions = previous
+        .map(|p| p.conditions.as_slice())
+        .unwrap_or_default();
+    let service = index.services.get(&target.key);
+    let svc = format!("{}/{}", target.key.0, target.key.1);
+    let (accepted_ok, accepted_reason, accepted_message) = match service.map(|s| s.info.kind) {
+        None => (
+            false,
+            reason::SERVICE_NOT_FOUND,
+            format!("Service {svc} not found"),
+        ),
+        Some(ServiceKind::Headless) => (
+            false,
+            reason::UNSUPPORTED_SERVICE_TYPE,
+            format!("Service {svc} is headless: there is no ClusterIP to route"),
+        ),
+        Some(ServiceKind::ExternalName) => (
+            false,
+            reason::UNSUPPORTED_SERVICE_TYPE,
+            format!("Service {svc} is an ExternalName Service: there is no ClusterIP to route"),
+        ),
+        Some(ServiceKind::ClusterIp) => (true, reason::ACCEPTED, format!("routing Service {svc}")),
+    };
+
+    let mut routes = Vec::new();
+    let mut unresolved: Option<Verdict> = None;
+    for outcome in &target.compiled.routes {
+        for parent in &outcome.parents {
+            let (group, kind) = match outcome.route.kind {
+                RouteKind::RouteTarget => ("aether.io", "RouteTarget"),
+                other => ("gateway.networking.k8s.io", other.as_str()),
+            };
+            routes.push(AttachedRoute {
+                group: group.into(),
+                kind: kind.into(),
+                namespace: outcome.route.namespace.clone(),
+                name: outcome.route.name.clone(),
+                accepted: parent.accepted.ok,
+                consumer: parent.consumer,
+            });
+            if parent.accepted.ok && !parent.resolved_refs.ok && unresolved.is_none() {
+                unresolved = Some(parent.resolved_refs.clone());
+            }
+        }
+    }
+    routes.sort_by(|a, b| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)));
+    routes.dedup();
+
+    let mut weights: BTreeMap<(String, String, u16), i64> = BTreeMap::new();
+    for port in &target.compiled.table.ports {
+        for set in port.producer.iter().chain(port.consumers.values()) {
+            for rule in &set.rules {
+                for backend in &rule.backends {
+                    if let BackendTarget::Service(s) = &backend.target {
+                        *weights
+                            .entry((s.namespace.clone(), s.name.clone(), s.port))
+                            .or_default() += i64::from(backend.weight);
+                    }
+                }
+            }
+        }
+    }
+    let backends: Vec<ResolvedBackend> = weights
+        .into_iter()
+        .map(|((namespace, service, port), weight)| {
+            let backend: Key = (namespace.clone(), service.clone());
+            ResolvedBackend {
+                ready_endpoints: index.ready_endpoints.get(&backend).copied().unwrap_or(0) as i32,
+                identities: index.identities(trust_domain, &backend),
+                namespace,
+                service,
+                port: i32::from(port),
+                weight,
+            }
+        })
+        .collect();
+
+    let (applied, total) = programmed(index);
+    let resolved = match &unresolved {
+        None => condition(
+            conditions::RESOLVED_REFS,
+            true,
+            reason::RESOLVED_REFS,
+            "all references resolved",
+            generation,
+            previous_conditions,
+            now,
+        ),
+        Some(v) => condition(
+            conditions::RESOLVED_REFS,
+            false,
+            &v.reason,
+            &v.message,
+            generation,
+            previous_conditions,
+            now,
+        ),
+    };
+    let programmed = if total > 0 && applied == total {
+        condition(
+            conditions::PROGRAMMED,
+            true,
+            reason::PROGRAMMED,
+            &format!("applied by {applied} of {total} nodes"),
+            generation,
+            previous_conditions,
+            now,
+        )
+    } else {
+        condition(
+            conditions::PROGRAMMED,
+            false,
+            reason::PENDING,
+            &format!("applied by {applied} of {total} nodes"),
+            generation,
+            previous_conditions,
+            now,
+        )
+    };
+    let ports: Vec<TargetPort> = service
+        .map(|s| {
+            s.info
+                .ports
+                .iter()
+                .map(|p| TargetPort {
+                    name: p.name.clone(),
+                    port: i32::from(p.port),
+                    app_protocol: p.app_protocol.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    RouteTargetStatus {
+        observed_generation: generation,
+        cluster_ip: service.and_then(|s| s.cluster_ips.first().cloned()),
+        cluster_ips: service.map(|s| s.cluster_ips.clone()).unwrap_or_default(),
+        port_summary: (!ports.is_empty()).then(|| {
+            ports
+                .iter()
+                .map(|p| p.port.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        }),
+        ports,
+        route_count: routes.iter().filter(|r| r.accepted).count() as i32,
+        routes,
+        backend_count: backends.len() as i32,
+        backends,
+        conditions: vec![
+            condition(
+                conditions::ACCEPTED,
+                accepted_ok,
+                accepted_reason,
+                &accepted_message,
+                generation,
+                previous_conditions,
+                now,
+            ),
+            resolved,
+            programmed,
+        ],
+    }
+}
+
+/// aether's `status.parents` entries for every route, keyed like `Index::routes`.
+pub fn route_parents(
+    targets: &BTreeMap<Key, Target>,
+    index: &Index,
+    now: &Time,
+) -> BTreeMap<(&'static str, String, String), Vec<Value>> {
+    let mut out: BTreeMap<(&'static str, String, String), Vec<Value>> = BTreeMap::new();
+    for (route_key, route) in &index.routes {
+        let entries = out.entry(route_key.clone()).or_default();
+        for target in targets.values() {
+            let Some(outcome) = target
+                .compiled
+                .routes
+                .iter()
+                .find(|o| o.route == route.route)
+            else {
+                continue;
+            };
+            for parent in &outcome.parents {
+                let p = &route.parents[parent.parent_index];
+                let mut parent_ref = json!({"group": "", "kind": "Service", "name": p.name});
+                if let Some(ns) = &p.namespace {
+                    parent_ref["namespace"] = json!(ns);
+                }
+                if let Some(port) = p.port {
+                    parent_ref["port"] = json!(port);
+                }
+                if let Some(section) = &p.section_name {
+                    parent_ref["sectionName"] = json!(section);
+                }
+                let verdict = |kind: &str, v: &Verdict| {
+                    condition(kind, v.ok, &v.reason, &v.message, None, &[], now)
+                };
+                entries.push(json!({
+                    "parentRef": parent_ref,
+                    "controllerName": CONTROLLER_NAME,
+                    "conditions": [verdict(conditions::ACCEPTED, &parent.accepted), verdict(conditions::RESOLVED_REFS, &parent.resolved_refs)],
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// Replaces aether's entries in an existing `status.parents`, keeping other controllers'
+/// entries, and transition times of conditions that did not change.
+pub fn merge_parents(existing: &[Value], ours: &[Value]) -> Vec<Value> {
+    let mut merged: Vec<Value> = existing
+        .iter()
+        .filter(|p| p["controllerName"] != CONTROLLER_NAME)
+        .cloned()
+        .collect();
+    for entry in ours {
+        let mut entry = entry.clone();
+        let old = existing.iter().find(|p| {
+            p["controllerName"] == CONTROLLER_NAME && p["parentRef"] == entry["parentRef"]
+        });
+        if let (Some(old), Some(conditions)) = (old, entry["conditions"].as_array_mut()) {
+            for c in conditions.iter_mut() {
+                let same = old["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|o| o["type"] == c["type"] && o["status"] == c["status"]);
+                if let Some(same) = same {
+                    c["lastTransitionTime"] = same["lastTransitionTime"].clone();
+                }
+            }
+        }
+        merged.push(entry);
+    }
+    merged
+}

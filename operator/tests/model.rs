@@ -1,0 +1,306 @@
+//! The operator's pure computations on an index built from Kubernetes objects: which
+//! Services become route targets, their status, the routes' `status.parents`, and the
+//! per-node config with its demand scope.
+
+use std::collections::BTreeMap;
+
+use aether_operator::index::{Index, key};
+use aether_operator::node_config::node_config;
+use aether_operator::status::{merge_parents, route_parents, route_target_status};
+use aether_operator::targets::{compile_all, target_keys};
+use gateway_api::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+const MESH: &str = "mesh";
+const CLIENTS: &str = "clients";
+const TD: &str = "cluster.local";
+
+fn service(name: &str, ip: &str, selector: Value) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": MESH},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "selector": selector,
+                 "ports": [{"name": "http", "port": 80}, {"name": "grpc", "port": 7070}]},
+    }))
+    .unwrap()
+}
+
+fn pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    sa: &str,
+    labels: Value,
+    annotations: Value,
+) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "spec": {"nodeName": node, "serviceAccountName": sa, "containers": []},
+    }))
+    .unwrap()
+}
+
+fn route(namespace: &str, name: &str, parent: Value, backends: Value) -> HttpRoute {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"parentRefs": [parent], "rules": [{"backendRefs": backends}]},
+    }))
+    .unwrap()
+}
+
+/// echo (-> v1 70 / v2 30) in `mesh`; a consumer route for v1 from `clients`; pods on two nodes.
+fn index() -> Index {
+    let mut index = Index::default();
+    for ns in [MESH, CLIENTS, "plain"] {
+        let managed = ns != "plain";
+        index.add_namespace(&serde_json::from_value::<Namespace>(json!({"metadata": {"name": ns, "labels": {"aether.io/managed": managed.to_string()}}})).unwrap());
+    }
+    index.add_service(&service("echo", "10.96.0.20", json!({"app": "echo"})));
+    index.add_service(&service(
+        "v1",
+        "10.96.0.21",
+        json!({"app": "echo", "version": "v1"}),
+    ));
+    index.add_service(&service(
+        "v2",
+        "10.96.0.22",
+        json!({"app": "echo", "version": "v2"}),
+    ));
+    index.add_service(&service("lonely", "10.96.0.23", json!({"app": "lonely"})));
+    index.add_pod(&pod(
+        MESH,
+        "v1-a",
+        "node-1",
+        "sa-v1",
+        json!({"app": "echo", "version": "v1"}),
+        json!({}),
+    ));
+    index.add_pod(&pod(
+        MESH,
+        "v2-a",
+        "node-2",
+        "sa-v2",
+        json!({"app": "echo", "version": "v2"}),
+        json!({}),
+    ));
+    index.add_pod(&pod(
+        CLIENTS,
+        "client",
+        "node-3",
+        "default",
+        json!({}),
+        json!({"aether.io/depends-on": "mesh/echo"}),
+    ));
+    index.add_pod(&pod(
+        "plain",
+        "outsider",
+        "node-4",
+        "default",
+        json!({}),
+        json!({}),
+    ));
+    index.add_http_route(&route(MESH, "split", json!({"group": "", "kind": "Service", "name": "echo"}),
+        json!([{"name": "v1", "port": 80, "weight": 70}, {"name": "v2", "port": 80, "weight": 30}, {"name": "gone", "port": 80, "weight": 0}])));
+    index.add_http_route(&route(
+        CLIENTS,
+        "consumer",
+        json!({"group": "", "kind": "Service", "name": "v1", "namespace": MESH}),
+        json!([{"name": "v2", "namespace": MESH, "port": 80}]),
+    ));
+    for (i, n) in ["node-1", "node-2", "node-3", "node-4"].iter().enumerate() {
+        index.add_node(n);
+        if i < 2 {
+            index
+                .node_configs
+                .insert((*n).to_owned(), (Some(3), Some(3)));
+        }
+    }
+    index
+}
+
+fn now() -> Time {
+    Time(Timestamp::from_second(1_800_000_000).unwrap())
+}
+
+#[test]
+fn services_named_as_parents_become_route_targets() {
+    let index = index();
+    let keys: Vec<_> = target_keys(&index).into_iter().collect();
+    assert_eq!(
+        keys,
+        [key(MESH, "echo"), key(MESH, "v1")],
+        "not lonely, not v2 (only a backend)"
+    );
+}
+
+#[test]
+fn route_target_status_reports_ips_routes_backends_identities_and_conditions() {
+    let index = index();
+    let targets = compile_all(&index);
+    let status = route_target_status(
+        &index,
+        &targets[&key(MESH, "echo")],
+        TD,
+        Some(1),
+        None,
+        &now(),
+    );
+    assert_eq!(status.cluster_ip.as_deref(), Some("10.96.0.20"));
+    assert_eq!(status.port_summary.as_deref(), Some("80,7070"));
+    assert_eq!(status.route_count, 1);
+    let backends: Vec<_> = status
+        .backends
+        .iter()
+        .map(|b| (b.service.as_str(), b.weight, b.identities.clone()))
+        .collect();
+    assert_eq!(
+        backends,
+        [
+            (
+                "v1",
+                140,
+                vec!["spiffe://cluster.local/ns/mesh/sa/sa-v1".to_owned()]
+            ),
+            (
+                "v2",
+                60,
+                vec!["spiffe://cluster.local/ns/mesh/sa/sa-v2".to_owned()]
+            )
+        ],
+        "weights summed over the two ports"
+    );
+    let conditions: BTreeMap<_, _> = status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), (c.status.as_str(), c.reason.as_str())))
+        .collect();
+    assert_eq!(conditions["Accepted"], ("True", "Accepted"));
+    assert_eq!(
+        conditions["ResolvedRefs"],
+        ("False", "BackendNotFound"),
+        "the weight-0 backend `gone` does not exist"
+    );
+    assert_eq!(
+        conditions["Programmed"],
+        ("False", "Pending"),
+        "2 of 4 nodes applied"
+    );
+    let programmed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Programmed")
+        .unwrap();
+    assert_eq!(programmed.message, "applied by 2 of 4 nodes");
+
+    // Unchanged conditions keep their transition time.
+    let later = Time(Timestamp::from_second(1_900_000_000).unwrap());
+    let again = route_target_status(
+        &index,
+        &targets[&key(MESH, "echo")],
+        TD,
+        Some(1),
+        Some(&status),
+        &later,
+    );
+    assert_eq!(again, status);
+}
+
+#[test]
+fn a_missing_or_headless_service_is_not_accepted() {
+    let mut index = index();
+    index.add_http_route(&route(
+        MESH,
+        "to-nothing",
+        json!({"group": "", "kind": "Service", "name": "nothing"}),
+        json!([]),
+    ));
+    let targets = compile_all(&index);
+    let status = route_target_status(
+        &index,
+        &targets[&key(MESH, "nothing")],
+        TD,
+        None,
+        None,
+        &now(),
+    );
+    assert_eq!(
+        (
+            status.conditions[0].status.as_str(),
+            status.conditions[0].reason.as_str()
+        ),
+        ("False", "ServiceNotFound")
+    );
+}
+
+#[test]
+fn route_parents_are_written_for_aether_and_others_are_kept() {
+    let index = index();
+    let targets = compile_all(&index);
+    let parents = route_parents(&targets, &index, &now());
+    let split = &parents[&("HTTPRoute", MESH.to_owned(), "split".to_owned())];
+    assert_eq!(split.len(), 1);
+    assert_eq!(split[0]["controllerName"], "aether.io/mesh");
+    assert_eq!(
+        split[0]["parentRef"],
+        json!({"group": "", "kind": "Service", "name": "echo"})
+    );
+    assert_eq!(split[0]["conditions"][0]["status"], "True");
+    assert_eq!(split[0]["conditions"][1]["reason"], "BackendNotFound");
+
+    let other = json!({"controllerName": "example.com/gateway", "parentRef": {"name": "gw"}, "conditions": []});
+    let merged = merge_parents(std::slice::from_ref(&other), split);
+    assert_eq!(merged.len(), 2);
+    assert_eq!(merged[0], other);
+}
+
+#[test]
+fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
+    let index = index();
+    let targets = compile_all(&index);
+    let tables = |node: &str| -> Vec<String> {
+        node_config(&index, node, &targets, TD)
+            .tables
+            .iter()
+            .map(|t| format!("{}/{}", t.namespace, t.service))
+            .collect()
+    };
+    for node in ["node-1", "node-2", "node-3", "node-4"] {
+        let config = node_config(&index, node, &targets, TD);
+        assert_eq!(
+            config.capture_count, 4,
+            "echo and v1, two ports each: every node captures every target"
+        );
+    }
+    assert_eq!(
+        tables("node-1"),
+        ["mesh/echo", "mesh/v1"],
+        "targets of its pods' namespace"
+    );
+    assert_eq!(
+        tables("node-3"),
+        ["mesh/echo", "mesh/v1"],
+        "depends-on mesh/echo, and its backend v1; plus the consumer route's v1"
+    );
+    assert!(tables("node-4").is_empty(), "no meshed pods");
+
+    // The consumer route for v1 is only in the config of the node with a client in `clients`.
+    let consumers = |node: &str| -> usize {
+        let config = node_config(&index, node, &targets, TD);
+        let table = config.tables.iter().find(|t| t.service == "v1").unwrap();
+        table.table["ports"][0]["consumers"]
+            .as_object()
+            .map_or(0, |m| m.len())
+    };
+    assert_eq!(consumers("node-3"), 1);
+    assert_eq!(consumers("node-1"), 0);
+
+    let config = node_config(&index, "node-1", &targets, TD);
+    let ids: Vec<_> = config
+        .identities
+        .iter()
+        .map(|s| (s.service.as_str(), s.identities.len()))
+        .collect();
+    assert_eq!(ids, [("echo", 2), ("v1", 1), ("v2", 1)]);
+}
