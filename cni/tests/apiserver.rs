@@ -1,7 +1,6 @@
 //! The API server fallback: with the proxy down, pods the API server says are unmeshed start,
-//! meshed ones fail closed. Needs a real API server, so it is ignored by default; run it with
-//! `AETHER_KUBECONFIG=… cargo test -p aether-cni --test apiserver -- --ignored` (the local
-//! cluster's admin kubeconfig, after `tests/cluster/control-plane.sh up`).
+//! meshed ones fail closed. Runs against the local cluster's real API server (started by
+//! `tests/run.sh`, or here through the e2e test API when it is not running).
 
 mod common;
 
@@ -11,20 +10,31 @@ use std::process::{Command, Stdio};
 use common::{Node, Pod, TempDir, require_root, ruleset, unique};
 use serde_json::json;
 
+/// The local cluster, started once for this test binary if it is not running.
+fn cluster() -> &'static aether_e2e::Paths {
+    static PATHS: std::sync::OnceLock<aether_e2e::Paths> = std::sync::OnceLock::new();
+    PATHS.get_or_init(|| {
+        let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+        runtime
+            .block_on(aether_e2e::Cluster::get())
+            .expect("the local cluster runs")
+            .paths
+    })
+}
+
 fn kubeconfig() -> String {
-    std::env::var("AETHER_KUBECONFIG")
-        .expect("set AETHER_KUBECONFIG to the kubeconfig of a running API server")
+    cluster().kubeconfig.to_string_lossy().into_owned()
 }
 
 fn kubectl(args: &[&str], stdin: Option<&str>) {
-    let mut child = Command::new("kubectl")
+    let mut child = Command::new(&cluster().kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
-        .expect("kubectl must be on PATH");
+        .expect("the local cluster's kubectl runs");
     if let Some(stdin) = stdin {
         child
             .stdin
@@ -65,7 +75,6 @@ fn create_pod(namespace: &str, name: &str, annotations: serde_json::Value) {
 }
 
 #[test]
-#[ignore = "needs a running API server; set AETHER_KUBECONFIG and pass --ignored"]
 fn with_the_proxy_down_the_api_server_decides() {
     require_root();
     let managed = unique("aether-cni-managed-");
