@@ -1,97 +1,23 @@
 //! The operator against the real API server, running with exactly the RBAC of the chart:
 //! GAMMA routes become RouteTargets with status, the routes get aether's status.parents,
-//! every node gets its NodeConfig, and changes and bad routes show up as they should.
+//! every node gets its NodeConfig, and a bad route is refused without stopping it.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
 use aether_crds::{NodeConfig, RouteTarget};
 use aether_e2e::{Cluster, conformance_dir};
-use aether_operator::controller::{self, Config};
-use aether_operator::metrics::Metrics;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use common::{MESH, condition, eventually, route_condition, setup, start};
 use gateway_api::httproutes::HttpRoute;
-use kube::api::{Api, DeleteParams};
-use tokio::sync::watch;
+use std::collections::BTreeSet;
 
-const INSTALL: &str = "aether-system";
-const MESH: &str = "gateway-conformance-mesh";
-
-/// Polls `check` until it returns Some, for up to 30 s.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    for _ in 0..150 {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("timed out waiting for {what}")
-}
-
-fn condition<'a>(
-    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    kind: &str,
-) -> Option<&'a str> {
-    conditions
-        .iter()
-        .find(|c| c.type_ == kind)
-        .map(|c| c.status.as_str())
-}
-
-async fn route_accepted(routes: &Api<HttpRoute>, name: &str) -> Result<Option<(String, String)>> {
-    let Some(route) = routes.get_opt(name).await? else {
-        return Ok(None);
-    };
-    let parents = route.status.map(|s| s.parents).unwrap_or_default();
-    let ours = parents
-        .iter()
-        .find(|p| p.controller_name == "aether.io/mesh");
-    Ok(ours
-        .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Accepted"))
-        .map(|c| (c.status.clone(), c.reason.clone())))
-}
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn routes_become_route_targets_with_status_and_node_configs() -> Result<()> {
     let cluster = Cluster::get().await?;
-    let repo = &cluster.paths.repo;
-    cluster.apply(&repo.join("charts/aether/crds"))?;
-    cluster.apply(&conformance_dir().join("../gateway-api-crds"))?;
-    cluster.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/httproutes.gateway.networking.k8s.io",
-        "--timeout=30s",
-    ])?;
-    let _ = cluster.kubectl(&["create", "namespace", INSTALL]);
-    cluster.apply_text(&cluster.chart_template(INSTALL, "templates/operator-rbac.yaml")?)?;
-    cluster.apply(&conformance_dir().join("manifests/manifests.yaml"))?;
-    for ns in [MESH, "gateway-conformance-mesh-consumer"] {
-        cluster.kubectl(&[
-            "label",
-            "--overwrite",
-            "namespace",
-            ns,
-            "aether.io/managed=true",
-        ])?;
-    }
-
-    let client = cluster.client_as(INSTALL, "aether-operator").await?;
-    let (_leader_tx, leader) = watch::channel(true);
-    let (ready_tx, _ready) = watch::channel(false);
-    let operator = tokio::spawn(controller::run(
-        client,
-        Config {
-            trust_domain: "cluster.local".into(),
-        },
-        leader,
-        Arc::new(Metrics::new()),
-        ready_tx,
-    ));
+    let operator = start(setup(&cluster).await?);
 
     cluster.apply(&conformance_dir().join("manifests/mesh-split.yaml"))?;
     let targets: Api<RouteTarget> = Api::namespaced(cluster.client.clone(), MESH);
@@ -102,8 +28,8 @@ async fn routes_become_route_targets_with_status_and_node_configs() -> Result<()
         let Some(status) = rt.status.clone() else {
             return Ok(None);
         };
-        let ready =
-            condition(&status.conditions, "Accepted") == Some("True") && status.backends.len() == 2;
+        let ready = condition(&status.conditions, "Accepted") == Some(("True", "Accepted"))
+            && status.backends.len() == 2;
         Ok(ready.then_some(rt))
     })
     .await?;
@@ -136,30 +62,45 @@ async fn routes_become_route_targets_with_status_and_node_configs() -> Result<()
         );
         assert!(backend.ready_endpoints >= 1, "{backend:?}");
     }
-    assert_eq!(condition(&status.conditions, "ResolvedRefs"), Some("True"));
+    assert_eq!(
+        condition(&status.conditions, "ResolvedRefs"),
+        Some(("True", "ResolvedRefs"))
+    );
 
     let routes: Api<HttpRoute> = Api::namespaced(cluster.client.clone(), MESH);
     let accepted = eventually("mesh-split Accepted", || {
-        route_accepted(&routes, "mesh-split")
+        route_condition(&routes, "mesh-split", "Accepted")
     })
     .await?;
     assert_eq!(accepted, ("True".to_owned(), "Accepted".to_owned()));
 
+    // Every node captures echo; the nodes running meshed pods of its namespace get its table.
     let configs: Api<NodeConfig> = Api::all(cluster.client.clone());
     let cluster_ip = status.cluster_ip.clone().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MESH);
+    let client_nodes: BTreeSet<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
     for node in ["node-1", "node-2"] {
-        let config = eventually("NodeConfig with echo", || async {
+        let wants_table = client_nodes.contains(node);
+        let config = eventually("NodeConfig capturing echo", || async {
             let config = configs.get_opt(node).await?;
-            Ok(config.filter(|c| c.spec.tables.iter().any(|t| t.service == "echo")))
+            Ok(config.filter(|c| {
+                c.spec
+                    .capture
+                    .iter()
+                    .any(|e| e.ip == cluster_ip && e.port == 80)
+                    && c.spec.tables.iter().any(|t| t.service == "echo") == wants_table
+            }))
         })
         .await?;
-        assert!(
-            config
-                .spec
-                .capture
-                .iter()
-                .any(|c| c.ip == cluster_ip && c.port == 80),
-            "{node} captures echo:80"
+        assert_eq!(
+            config.spec.capture_count as usize,
+            config.spec.capture.len()
         );
     }
 
@@ -169,7 +110,10 @@ async fn routes_become_route_targets_with_status_and_node_configs() -> Result<()
          spec:\n  parentRefs: [{group: \"\", kind: Service, name: echo-v2}]\n  rules:\n  - matches: [{path: {type: RegularExpression, value: \"/(\"}}]\n\
          \x20   backendRefs: [{name: echo-v2, port: 80}]\n",
     )?;
-    let refused = eventually("bad-regex refused", || route_accepted(&routes, "bad-regex")).await?;
+    let refused = eventually("bad-regex refused", || {
+        route_condition(&routes, "bad-regex", "Accepted")
+    })
+    .await?;
     assert_eq!(refused, ("False".to_owned(), "UnsupportedValue".to_owned()));
 
     // Deleting the route deletes the derived RouteTarget.
