@@ -15,8 +15,10 @@ use gateway_api::httproutes::HttpRoute;
 use kube::api::Api;
 use serde_json::Value;
 
-/// (kind, namespace, name, parent Services as namespace/name) of a manifest's routes.
-fn routes_of(manifest: &str) -> Result<Vec<(String, String, String, Vec<(String, String)>)>> {
+/// A route of a manifest: kind, namespace, name, and the Services it names (namespace/name).
+type ManifestRoute = (String, String, String, Vec<(String, String)>);
+
+fn routes_of(manifest: &str) -> Result<Vec<ManifestRoute>> {
     let text = std::fs::read_to_string(conformance_dir().join("manifests").join(manifest))?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
     Ok(docs
