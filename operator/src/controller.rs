@@ -439,9 +439,9 @@ impl Writer {
             .into_iter()
             .map(|c| (c.name_any(), c))
             .collect();
+        let identities = node_config::identity_map(index, targets, &self.config.trust_domain);
         for node in &index.nodes {
-            let spec: NodeConfigSpec =
-                node_config::node_config(index, node, targets, &self.config.trust_domain);
+            let spec: NodeConfigSpec = node_config::node_config(index, node, targets, &identities);
             if existing.get(node).is_some_and(|c| !differs(&c.spec, &spec)) {
                 continue;
             }

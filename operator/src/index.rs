@@ -238,19 +238,22 @@ impl Index {
         self.nodes.insert(name.to_owned());
     }
 
-    /// The pods a Service selects (not terminating).
+    /// The pods a Service selects (not terminating). Pods are keyed by namespace first, so
+    /// only the Service's namespace is scanned.
     pub fn selected_pods<'a>(
         &'a self,
         service: &'a Key,
     ) -> impl Iterator<Item = (&'a Key, &'a PodData)> + 'a {
         let selector = self.services.get(service).and_then(|s| s.selector.as_ref());
-        self.pods.iter().filter(move |((namespace, _), pod)| {
-            namespace == &service.0
-                && !pod.terminating
-                && selector.is_some_and(|sel| {
-                    !sel.is_empty() && sel.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
-                })
-        })
+        self.pods
+            .range((service.0.clone(), String::new())..)
+            .take_while(move |((namespace, _), _)| namespace == &service.0)
+            .filter(move |(_, pod)| {
+                !pod.terminating
+                    && selector.is_some_and(|sel| {
+                        !sel.is_empty() && sel.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+                    })
+            })
     }
 
     /// SPIFFE identities of the pods behind a Service, sorted.

@@ -96,11 +96,28 @@ fn scoped(table: &RouteTable, client_namespaces: &BTreeSet<String>) -> RouteTabl
     table
 }
 
+/// The identities of every route target and every backend, computed once for all nodes.
+pub fn identity_map(
+    index: &Index,
+    targets: &BTreeMap<Key, Target>,
+    trust_domain: &str,
+) -> BTreeMap<Key, Vec<String>> {
+    let mut services: BTreeSet<Key> = targets.keys().cloned().collect();
+    services.extend(targets.values().flat_map(|t| backends(&t.compiled.table)));
+    services
+        .into_iter()
+        .map(|k| {
+            let ids = index.identities(trust_domain, &k);
+            (k, ids)
+        })
+        .collect()
+}
+
 pub fn node_config(
     index: &Index,
     node: &str,
     targets: &BTreeMap<Key, Target>,
-    trust_domain: &str,
+    identities: &BTreeMap<Key, Vec<String>>,
 ) -> NodeConfigSpec {
     let capture = capture_set(index, targets);
     let (wanted, client_namespaces) = demand(index, node, targets);
@@ -125,12 +142,14 @@ pub fn node_config(
     );
     let identities = services
         .into_iter()
-        .map(|k| ServiceIdentities {
-            identities: index.identities(trust_domain, &k),
-            namespace: k.0,
-            service: k.1,
+        .filter_map(|k| {
+            let ids = identities.get(&k).filter(|ids| !ids.is_empty())?.clone();
+            Some(ServiceIdentities {
+                identities: ids,
+                namespace: k.0,
+                service: k.1,
+            })
         })
-        .filter(|s| !s.identities.is_empty())
         .collect();
     NodeConfigSpec {
         capture_count: capture.len() as i32,

@@ -51,6 +51,16 @@ pub struct Cluster {
 
 static UP: OnceLock<Result<Paths, String>> = OnceLock::new();
 
+/// The local cluster's own nodes (`node/node-1` ...); other Node objects (a benchmark's)
+/// do not make the cluster unready.
+fn cluster_nodes() -> Vec<String> {
+    let count: usize = std::env::var("AETHER_NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
+    (1..=count).map(|i| format!("node/node-{i}")).collect()
+}
+
 fn bring_up() -> Result<Paths, String> {
     let paths = Paths::from_env();
     let ready = Command::new(&paths.kubectl)
@@ -63,13 +73,8 @@ fn bring_up() -> Result<Paths, String> {
         && Command::new(&paths.kubectl)
             .arg("--kubeconfig")
             .arg(&paths.kubeconfig)
-            .args([
-                "wait",
-                "--for=condition=Ready",
-                "nodes",
-                "--all",
-                "--timeout=5s",
-            ])
+            .args(["wait", "--for=condition=Ready", "--timeout=5s"])
+            .args(cluster_nodes())
             .output()
             .is_ok_and(|o| o.status.success());
     if !nodes_ready {

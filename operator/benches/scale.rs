@@ -1,0 +1,351 @@
+//! The operator at scale, against the local cluster's real API server: 100 namespaces,
+//! 5,000 Services, 1,000 HTTPRoutes (so 1,000 route targets), 20,000 Pods and 50 Nodes (API
+//! objects only: the pods are bound to nodes no simulator runs). Each namespace's pods run on
+//! two nodes, as a team's workloads would. Prints the full-sync time, the time from an
+//! HTTPRoute change to the affected NodeConfigs (p50/p99), the peak RSS of this process
+//! (operator caches included), and the largest NodeConfig against the whole mesh.
+//!
+//! Run (as root): `cargo bench -p aether-operator --bench scale`. It takes a few minutes,
+//! most of them creating the objects, and deletes them afterwards.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aether_crds::NodeConfig;
+use aether_e2e::Cluster;
+use aether_operator::controller::{self, Config};
+use aether_operator::metrics::Metrics;
+use anyhow::{Result, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use gateway_api::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::watch;
+
+const NAMESPACES: usize = 100;
+const SERVICES_PER_NS: usize = 50;
+const PODS_PER_NS: usize = 200;
+const ROUTES_PER_NS: usize = 10;
+const NODES: usize = 50;
+const CHANGES: usize = 20;
+const CONCURRENCY: usize = 32;
+
+/// Names carry the process id: a previous run's namespaces may still be terminating.
+fn ns(i: usize) -> String {
+    format!("bench-scale-{}-{i}", std::process::id())
+}
+
+fn node(j: usize) -> String {
+    format!("bench-node-{}-{j}", std::process::id())
+}
+
+/// The two nodes namespace `i`'s pods run on.
+fn nodes_of(i: usize) -> [usize; 2] {
+    [i % NODES, (i + 1) % NODES]
+}
+
+async fn create_all<K>(api_for: impl Fn(&K) -> Api<K>, objects: Vec<K>) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    stream::iter(objects)
+        .map(|object| {
+            let api = api_for(&object);
+            async move {
+                match api.create(&PostParams::default(), &object).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    Err(e) => Err(anyhow::Error::from(e)),
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+fn route(i: usize, r: usize, weight: u32) -> Result<HttpRoute> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": format!("route-{r}"), "namespace": ns(i)},
+        "spec": {
+            "parentRefs": [{"group": "", "kind": "Service", "name": format!("svc-{r}")}],
+            "rules": [{"backendRefs": [
+                {"name": format!("svc-{}", ROUTES_PER_NS + r), "port": 80, "weight": weight},
+                {"name": format!("svc-{}", 2 * ROUTES_PER_NS + r), "port": 80, "weight": 100 - weight},
+            ]}],
+        },
+    }))?)
+}
+
+async fn populate(client: &kube::Client) -> Result<()> {
+    let namespaces: Vec<Namespace> = (0..NAMESPACES)
+        .map(|i| {
+            serde_json::from_value(
+                json!({"metadata": {"name": ns(i), "labels": {"aether.io/managed": "true"}}}),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    create_all(|_| Api::all(client.clone()), namespaces).await?;
+    let nodes: Vec<Node> = (0..NODES)
+        .map(|j| serde_json::from_value(json!({"metadata": {"name": node(j)}})))
+        .collect::<Result<_, _>>()?;
+    create_all(|_| Api::all(client.clone()), nodes).await?;
+    let mut services = Vec::new();
+    let mut routes = Vec::new();
+    let mut pods = Vec::new();
+    for i in 0..NAMESPACES {
+        for k in 0..SERVICES_PER_NS {
+            services.push(serde_json::from_value::<Service>(json!({
+                "metadata": {"name": format!("svc-{k}"), "namespace": ns(i)},
+                "spec": {"selector": {"app": format!("svc-{k}")}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+            }))?);
+        }
+        for r in 0..ROUTES_PER_NS {
+            routes.push(route(i, r, 90)?);
+        }
+        for p in 0..PODS_PER_NS {
+            pods.push(serde_json::from_value::<Pod>(json!({
+                "metadata": {"name": format!("pod-{p}"), "namespace": ns(i), "labels": {"app": format!("svc-{}", p % SERVICES_PER_NS)}},
+                "spec": {"nodeName": node(nodes_of(i)[p % 2]), "serviceAccountName": "default",
+                         "containers": [{"name": "app", "image": "registry.k8s.io/gateway-api/echo-advanced:v1.5.1"}]},
+            }))?);
+        }
+    }
+    let namespaced = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        meta.namespace.clone().unwrap_or_default()
+    };
+    create_all(
+        |s: &Service| Api::namespaced(client.clone(), &namespaced(&s.metadata)),
+        services,
+    )
+    .await?;
+    create_all(
+        |r: &HttpRoute| Api::namespaced(client.clone(), &namespaced(&r.metadata)),
+        routes,
+    )
+    .await?;
+    // Pods are refused until a namespace's default ServiceAccount exists.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    create_all(
+        |p: &Pod| Api::namespaced(client.clone(), &namespaced(&p.metadata)),
+        pods,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Keeps the bench nodes alive as their kubelets would (Ready condition, Lease renewed),
+/// so the node lifecycle controller does not mark 20,000 pods not ready in the middle of
+/// the measurement.
+async fn heartbeat(client: kube::Client) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    loop {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        for j in 0..NODES {
+            let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "bench", "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+            let _ = nodes
+                .patch_status(&node(j), &PatchParams::default(), &Patch::Merge(&ready))
+                .await;
+            let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": node(j)},
+                "spec": {"holderIdentity": node(j), "leaseDurationSeconds": 40, "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}});
+            let _ = leases
+                .patch(
+                    &node(j),
+                    &PatchParams::apply("aether-bench").force(),
+                    &Patch::Apply(&lease),
+                )
+                .await;
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
+
+/// The weight of `svc-<10+r>` in node `j`'s table for target `ns(i)/svc-r`, if present.
+fn weight_in(config: &NodeConfig, i: usize, r: usize) -> Option<u64> {
+    let table = config
+        .spec
+        .tables
+        .iter()
+        .find(|t| t.namespace == ns(i) && t.service == format!("svc-{r}"))?;
+    let backend = format!("svc-{}", ROUTES_PER_NS + r);
+    table.table["ports"][0]["producer"]["rules"][0]["backends"]
+        .as_array()?
+        .iter()
+        .find(|b| b["target"]["service"]["name"] == backend.as_str())
+        .and_then(|b| b["weight"].as_u64())
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    let client = cluster.client.clone();
+    cluster.apply(&cluster.paths.repo.join("charts/aether/crds"))?;
+    cluster.apply(&aether_e2e::conformance_dir().join("../gateway-api-crds"))?;
+    let created = Instant::now();
+    let nodes_alive = tokio::spawn(heartbeat(client.clone()));
+    populate(&client).await?;
+    eprintln!(
+        "created {} objects in {:.0} s",
+        NAMESPACES * (SERVICES_PER_NS + PODS_PER_NS + ROUTES_PER_NS + 1) + NODES,
+        created.elapsed().as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let (_leader_tx, leader) = watch::channel(true);
+    let (ready_tx, _ready) = watch::channel(false);
+    let metrics = Arc::new(Metrics::new());
+    let operator = tokio::spawn(controller::run(
+        client.clone(),
+        Config {
+            trust_domain: "cluster.local".into(),
+        },
+        leader,
+        metrics.clone(),
+        ready_tx,
+    ));
+    let configs: Api<NodeConfig> = Api::all(client.clone());
+    // Synced when every bench node holds the tables of the targets in its two namespaces'
+    // worth of clients (each node hosts pods of the namespaces i with j in nodes_of(i)).
+    let expected: BTreeMap<String, usize> = (0..NODES)
+        .map(|j| {
+            (
+                node(j),
+                (0..NAMESPACES)
+                    .filter(|i| nodes_of(*i).contains(&j))
+                    .count()
+                    * ROUTES_PER_NS,
+            )
+        })
+        .collect();
+    loop {
+        let list = configs.list(&Default::default()).await?.items;
+        let synced = expected.iter().all(|(n, want)| {
+            list.iter().any(|c| {
+                c.metadata.name.as_deref() == Some(n) && c.spec.table_count as usize == *want
+            })
+        });
+        if synced {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("NodeConfigs not synced after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let full_sync = started.elapsed();
+
+    let mut latencies = Vec::with_capacity(CHANGES);
+    for c in 0..CHANGES {
+        let (i, r) = ((c * 37) % NAMESPACES, c % ROUTES_PER_NS);
+        let weight = if c % 2 == 0 { 70 } else { 80 };
+        let routes: Api<HttpRoute> = Api::namespaced(client.clone(), &ns(i));
+        let changed = Instant::now();
+        routes
+            .patch(
+                &format!("route-{r}"),
+                &PatchParams::apply("aether-bench").force(),
+                &Patch::Apply(route(i, r, weight)?),
+            )
+            .await?;
+        for j in nodes_of(i) {
+            loop {
+                if configs
+                    .get(&node(j))
+                    .await
+                    .ok()
+                    .and_then(|c| weight_in(&c, i, r))
+                    == Some(u64::from(weight))
+                {
+                    break;
+                }
+                if changed.elapsed() > Duration::from_secs(60) {
+                    bail!("change {c} never reached {}", node(j));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        latencies.push(changed.elapsed());
+    }
+    latencies.sort();
+
+    let list = configs.list(&Default::default()).await?.items;
+    let size = |c: &NodeConfig| serde_json::to_vec(&c.spec).map(|v| v.len()).unwrap_or(0);
+    let largest = list
+        .iter()
+        .filter(|c| expected.contains_key(c.metadata.name.as_deref().unwrap_or("")))
+        .map(size)
+        .max()
+        .unwrap_or(0);
+    let mut whole = NodeConfig::new("whole-mesh", Default::default());
+    whole.spec.capture = list
+        .first()
+        .map(|c| c.spec.capture.clone())
+        .unwrap_or_default();
+    let mut all_tables = BTreeMap::new();
+    for config in &list {
+        for table in &config.spec.tables {
+            all_tables.insert(
+                (table.namespace.clone(), table.service.clone()),
+                table.clone(),
+            );
+        }
+    }
+    whole.spec.tables = all_tables.into_values().collect();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "operator at scale: {NAMESPACES} namespaces, {} Services, {} route targets, {} Pods, {NODES} nodes",
+        NAMESPACES * SERVICES_PER_NS,
+        NAMESPACES * ROUTES_PER_NS,
+        NAMESPACES * PODS_PER_NS
+    );
+    println!(
+        "  full sync (start -> every NodeConfig written): {:.1} s",
+        full_sync.as_secs_f64()
+    );
+    println!(
+        "  HTTPRoute change -> affected NodeConfigs updated, {CHANGES} changes: p50 {:.0} ms, p99 {:.0} ms",
+        ms(latencies[CHANGES / 2]),
+        ms(latencies[(CHANGES * 99 / 100).min(CHANGES - 1)])
+    );
+    println!("  {}", metrics.summary());
+    println!(
+        "  peak RSS of this process (operator and bench): {:.0} MB",
+        peak_rss_mb()
+    );
+    println!(
+        "  largest NodeConfig {:.0} KB vs the whole mesh {:.0} KB ({:.1}%)",
+        largest as f64 / 1024.0,
+        size(&whole) as f64 / 1024.0,
+        100.0 * largest as f64 / size(&whole).max(1) as f64
+    );
+
+    operator.abort();
+    nodes_alive.abort();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for i in 0..NAMESPACES {
+        let _ = namespaces.delete(&ns(i), &DeleteParams::default()).await;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for j in 0..NODES {
+        let _ = nodes.delete(&node(j), &DeleteParams::default()).await;
+        let _ = configs.delete(&node(j), &DeleteParams::default()).await;
+    }
+    Ok(())
+}

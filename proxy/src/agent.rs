@@ -1,0 +1,373 @@
+//! The node proxy's pod state: the registry, the capture set and the pods' listeners, and the
+//! answers to the CNI plugin's requests.
+//!
+//! Synchronous on purpose: a request may run nftables (libnftables or `nft`) and open sockets
+//! through short-lived threads, so callers run it off the async workers, on tokio's blocking
+//! pool. One lock serialises every change, so a registration and a capture set update can never
+//! interleave and leave a pod's table behind.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use aether_cni::decision::Meshing;
+use aether_cni::nft::{self, Nft};
+use aether_cni::protocol::{
+    CapturePlan, CheckStatus, Decision, ErrorKind, ErrorReply, PodRef, Request, Response,
+};
+use tokio::runtime::Handle;
+use tracing::{debug, error, info, warn};
+
+use crate::capture_set::CaptureSet;
+use crate::listeners::{ForwardCounts, ForwardStats, Listeners, capture_addrs};
+use crate::pod_view::{self, PodView};
+use crate::registry::{RegisteredPod, Registry, RegistryError};
+
+/// The registry's file in the state directory.
+pub const REGISTRY_FILE: &str = "registry.json";
+
+pub struct AgentConfig {
+    /// Holds the pod registry; kept across restarts.
+    pub state_dir: PathBuf,
+    /// The capture port given to newly registered pods' tables.
+    pub capture_port: u16,
+    pub nft: Nft,
+}
+
+pub struct Agent {
+    capture_port: u16,
+    nft: Nft,
+    registry_path: PathBuf,
+    view: Arc<dyn PodView>,
+    stats: Arc<ForwardStats>,
+    state: Mutex<State>,
+}
+
+struct State {
+    registry: Registry,
+    capture: CaptureSet,
+    listeners: Listeners,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("capture port 0 is not a port")]
+    CapturePortZero,
+    #[error("cannot create state directory {}: {source}", path.display())]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// What a capture set update did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CaptureUpdate {
+    pub generation: u64,
+    /// Container ids whose tables now hold `generation`.
+    pub updated: Vec<String>,
+    /// Container ids whose tables could not be updated, with the reason; they keep the
+    /// generation they had, so the next update tries them again.
+    pub failed: Vec<(String, String)>,
+}
+
+impl Agent {
+    /// Loads the registry from the state directory and reopens the listeners of every pod in it
+    /// (forgetting pods whose network namespace is gone), then brings their tables to `capture`.
+    /// Listener tasks run on `runtime`.
+    pub fn start(
+        config: AgentConfig,
+        view: Arc<dyn PodView>,
+        capture: CaptureSet,
+        runtime: Handle,
+    ) -> Result<Agent, AgentError> {
+        if config.capture_port == 0 {
+            return Err(AgentError::CapturePortZero);
+        }
+        create_private_dir(&config.state_dir).map_err(|source| AgentError::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        })?;
+        let registry_path = config.state_dir.join(REGISTRY_FILE);
+        let registry = Registry::load(&registry_path)?;
+        let listeners = Listeners::new(runtime);
+        let agent = Agent {
+            capture_port: config.capture_port,
+            nft: config.nft,
+            registry_path,
+            view,
+            stats: listeners.stats(),
+            state: Mutex::new(State {
+                registry,
+                capture: capture.clone(),
+                listeners,
+            }),
+        };
+        agent.restore(capture);
+        Ok(agent)
+    }
+
+    fn restore(&self, capture: CaptureSet) {
+        let mut state = self.lock();
+        let State {
+            registry,
+            listeners,
+            ..
+        } = &mut *state;
+        let mut kept = registry.clone();
+        for pod in registry.pods() {
+            let id = pod.container_id.as_str();
+            if !pod.netns.exists() {
+                info!(pod = %pod.pod, container_id = id, netns = %pod.netns.display(),
+                    "forgetting a registered pod: its network namespace is gone");
+                kept.remove(id, &pod.ifname);
+                continue;
+            }
+            let addrs = capture_addrs(pod.families(), pod.capture_port);
+            match listeners.open(id, &pod.netns, &addrs) {
+                Ok(_) => info!(pod = %pod.pod, container_id = id, "reopened capture listeners"),
+                Err(e) => error!(pod = %pod.pod, container_id = id, error = %e,
+                    "cannot reopen capture listeners; captured connections of this pod are refused"),
+            }
+        }
+        *registry = kept;
+        let update = self.sync_elements(&mut state, capture);
+        info!(
+            pods = state.registry.len(),
+            generation = update.generation,
+            updated = update.updated.len(),
+            failed = update.failed.len(),
+            "restored the pod registry"
+        );
+    }
+
+    /// Replaces the set elements in every registered pod's table whose generation differs
+    /// (rules untouched), and records the generation per pod and as the proxy's current one.
+    pub fn update_capture_set(&self, capture: CaptureSet) -> CaptureUpdate {
+        let mut state = self.lock();
+        self.sync_elements(&mut state, capture)
+    }
+
+    fn sync_elements(&self, state: &mut State, capture: CaptureSet) -> CaptureUpdate {
+        let mut update = CaptureUpdate {
+            generation: capture.generation,
+            ..CaptureUpdate::default()
+        };
+        let mut next = state.registry.clone();
+        for pod in state.registry.pods() {
+            if pod.generation == capture.generation {
+                continue;
+            }
+            let id = pod.container_id.clone();
+            match nft::replace_elements(&self.nft, &pod.netns, pod.families(), &capture.targets) {
+                Ok(()) => {
+                    next.set_generation(&id, capture.generation);
+                    update.updated.push(id);
+                }
+                Err(e) => {
+                    warn!(pod = %pod.pod, container_id = %id, error = %e,
+                        "cannot update the capture set of a pod's table");
+                    update.failed.push((id, e.to_string()));
+                }
+            }
+        }
+        // The tables are what they are now, so memory follows them even if the file cannot be
+        // written: a stale generation on disk only makes a restarted proxy rewrite the sets.
+        if next != state.registry
+            && let Err(e) = next.save(&self.registry_path)
+        {
+            error!(error = %e, "cannot save the pod registry after a capture set update");
+        }
+        state.registry = next;
+        state.capture = capture;
+        update
+    }
+
+    /// Answers one request of the CNI plugin.
+    pub fn handle(&self, request: Request) -> Response {
+        debug!(?request, "CNI request");
+        match request {
+            Request::Ping => Response::Pong,
+            Request::Add { pod, .. } => self.add(&pod),
+            Request::Register {
+                pod,
+                container_id,
+                ifname,
+                netns,
+                ips,
+                generation,
+            } => self.register(RegisteredPod {
+                pod,
+                container_id,
+                ifname,
+                netns,
+                ips,
+                capture_port: self.capture_port,
+                generation,
+            }),
+            Request::Unregister {
+                container_id,
+                ifname,
+            } => self.unregister(&container_id, &ifname),
+            Request::Check { pod, container_id } => self.check(&pod, &container_id),
+            Request::Gc {
+                valid_container_ids,
+            } => self.gc(&valid_container_ids),
+        }
+    }
+
+    fn add(&self, pod: &PodRef) -> Response {
+        match pod_view::meshing(&*self.view, pod) {
+            Ok(Meshing::Unmeshed { reason }) => Response::Decision(Decision::Unmeshed { reason }),
+            Ok(Meshing::Meshed) => {
+                let capture = self.lock().capture.clone();
+                Response::Decision(Decision::Meshed(CapturePlan {
+                    capture_port: self.capture_port,
+                    targets: capture.targets,
+                    generation: capture.generation,
+                }))
+            }
+            Err(e) => error_reply(ErrorKind::NotReady, e.to_string()),
+        }
+    }
+
+    fn register(&self, mut pod: RegisteredPod) -> Response {
+        let mut state = self.lock();
+        let State {
+            registry,
+            capture,
+            listeners,
+        } = &mut *state;
+        let id = pod.container_id.clone();
+        let addrs = capture_addrs(pod.families(), pod.capture_port);
+        let opened = match listeners.open(&id, &pod.netns, &addrs) {
+            Ok(opened) => opened,
+            Err(e) => {
+                return error_reply(
+                    ErrorKind::Internal,
+                    format!("cannot open the capture listeners of pod {}: {e}", pod.pod),
+                );
+            }
+        };
+        let undo = |listeners: &mut Listeners| {
+            if opened {
+                listeners.close(&id);
+            }
+        };
+        // The capture set may have changed between the plugin's `add` and this `register`.
+        if pod.generation != capture.generation {
+            if let Err(e) =
+                nft::replace_elements(&self.nft, &pod.netns, pod.families(), &capture.targets)
+            {
+                undo(listeners);
+                return error_reply(
+                    ErrorKind::Internal,
+                    format!(
+                        "cannot bring the capture set of pod {} to generation {}: {e}",
+                        pod.pod, capture.generation
+                    ),
+                );
+            }
+            pod.generation = capture.generation;
+        }
+        let mut next = registry.clone();
+        next.insert(pod.clone());
+        if let Err(e) = next.save(&self.registry_path) {
+            undo(listeners);
+            return error_reply(ErrorKind::Internal, e.to_string());
+        }
+        *registry = next;
+        info!(pod = %pod.pod, container_id = %id, netns = %pod.netns.display(),
+            generation = pod.generation, "registered a pod");
+        Response::Registered
+    }
+
+    fn unregister(&self, container_id: &str, ifname: &str) -> Response {
+        let mut state = self.lock();
+        let mut next = state.registry.clone();
+        let Some(pod) = next.remove(container_id, ifname) else {
+            return Response::Unregistered { known: false };
+        };
+        if let Err(e) = next.save(&self.registry_path) {
+            return error_reply(ErrorKind::Internal, e.to_string());
+        }
+        state.registry = next;
+        state.listeners.close(container_id);
+        info!(pod = %pod.pod, container_id, "unregistered a pod");
+        Response::Unregistered { known: true }
+    }
+
+    fn check(&self, pod: &PodRef, container_id: &str) -> Response {
+        match pod_view::meshing(&*self.view, pod) {
+            Ok(Meshing::Unmeshed { reason }) => Response::Checked(CheckStatus::Unmeshed { reason }),
+            Ok(Meshing::Meshed) => {
+                let state = self.lock();
+                let registered = state.registry.get(container_id);
+                Response::Checked(CheckStatus::Meshed {
+                    registered: registered.is_some() && state.listeners.is_open(container_id),
+                    capture_port: registered.map_or(self.capture_port, |p| p.capture_port),
+                })
+            }
+            Err(e) => error_reply(ErrorKind::NotReady, e.to_string()),
+        }
+    }
+
+    fn gc(&self, valid_container_ids: &[String]) -> Response {
+        let mut state = self.lock();
+        let mut next = state.registry.clone();
+        let removed = next.retain_valid(valid_container_ids);
+        if removed.is_empty() {
+            return Response::Collected { removed: vec![] };
+        }
+        if let Err(e) = next.save(&self.registry_path) {
+            return error_reply(ErrorKind::Internal, e.to_string());
+        }
+        state.registry = next;
+        for pod in &removed {
+            state.listeners.close(&pod.container_id);
+            info!(pod = %pod.pod, container_id = %pod.container_id, "garbage-collected a pod");
+        }
+        Response::Collected {
+            removed: removed.into_iter().map(|p| p.container_id).collect(),
+        }
+    }
+
+    /// Closes every listener; open connections get up to `drain` to finish. The registry stays
+    /// on disk for the next start.
+    pub async fn shutdown(&self, drain: Duration) {
+        let tasks = self.lock().listeners.stop_all(drain);
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+
+    pub fn registered(&self) -> Vec<RegisteredPod> {
+        self.lock().registry.pods().cloned().collect()
+    }
+
+    pub fn forward_counts(&self) -> ForwardCounts {
+        self.stats.counts()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing in the state is left half-changed by a panic (every change is built on a copy
+        // and swapped in), so a poisoned lock is still good.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn error_reply(kind: ErrorKind, message: String) -> Response {
+    Response::Error(ErrorReply { kind, message })
+}
+
+/// The state directory holds the netns paths of pods: only root needs to read it. An existing
+/// directory keeps its mode (it may be shared, e.g. a hostPath the operator chose).
+fn create_private_dir(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+}

@@ -1,0 +1,132 @@
+//! The capture set: every route-target ClusterIP:port that a meshed pod's table redirects to
+//! the proxy. In this slice it is read from a JSON file; the operator's per-node config
+//! (NodeConfig) will be its source later.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureSet {
+    /// Changes whenever `targets` does. Each registered pod records the generation its table
+    /// holds, so an update only touches the pods that are behind.
+    pub generation: u64,
+    /// Sorted and free of duplicates (see [`CaptureSet::parse`]).
+    pub targets: Vec<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureSetError {
+    #[error("cannot read capture set {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("capture set {}: {source}", path.display())]
+    Invalid {
+        path: PathBuf,
+        source: InvalidCaptureSet,
+    },
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCaptureSet {
+    #[error(
+        "not JSON of the form {{\"generation\": 1, \"targets\": [\"10.96.0.10:80\", \"[fd00::10]:80\"]}}: {0}"
+    )]
+    Syntax(String),
+    /// nftables would accept it, but no Service port is 0: it is a mistake in the source.
+    #[error("target {0} has port 0")]
+    PortZero(SocketAddr),
+}
+
+impl CaptureSet {
+    /// Parses and normalises the JSON form.
+    pub fn parse(text: &str) -> Result<CaptureSet, InvalidCaptureSet> {
+        let mut set: CaptureSet =
+            serde_json::from_str(text).map_err(|e| InvalidCaptureSet::Syntax(e.to_string()))?;
+        if let Some(target) = set.targets.iter().find(|t| t.port() == 0) {
+            return Err(InvalidCaptureSet::PortZero(*target));
+        }
+        set.targets.sort();
+        set.targets.dedup();
+        Ok(set)
+    }
+
+    pub fn load(path: &Path) -> Result<CaptureSet, CaptureSetError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CaptureSetError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        CaptureSet::parse(&text).map_err(|source| CaptureSetError::Invalid {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_normalises_targets() {
+        let set = CaptureSet::parse(
+            r#"{"generation": 4, "targets": ["10.96.0.11:80", "[fd00::10]:443", "10.96.0.10:80", "10.96.0.11:80"]}"#,
+        )
+        .unwrap();
+        assert_eq!(set.generation, 4);
+        assert_eq!(
+            set.targets,
+            vec![
+                "10.96.0.10:80".parse::<SocketAddr>().unwrap(),
+                "10.96.0.11:80".parse().unwrap(),
+                "[fd00::10]:443".parse().unwrap(),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_set_is_valid() {
+        assert_eq!(
+            CaptureSet::parse(r#"{"generation": 0, "targets": []}"#).unwrap(),
+            CaptureSet::default()
+        );
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        for text in [
+            "",
+            "[]",
+            r#"{"targets": []}"#,
+            r#"{"generation": 1, "targets": ["10.96.0.10"]}"#,
+            r#"{"generation": 1, "targets": ["not an address:80"]}"#,
+            r#"{"generation": -1, "targets": []}"#,
+            r#"{"generation": 1, "targets": [], "target": []}"#,
+        ] {
+            let error = CaptureSet::parse(text).unwrap_err();
+            assert!(
+                matches!(error, InvalidCaptureSet::Syntax(_)),
+                "{text}: {error}"
+            );
+            assert!(error.to_string().contains("\"generation\": 1"), "{error}");
+        }
+        assert_eq!(
+            CaptureSet::parse(r#"{"generation": 1, "targets": ["10.96.0.10:0"]}"#),
+            Err(InvalidCaptureSet::PortZero("10.96.0.10:0".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let missing = Path::new("/nonexistent/aether/capture.json");
+        let error = CaptureSet::load(missing).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot read capture set /nonexistent/aether/capture.json: "),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,154 @@
+//! Serves the CNI plugin's protocol (`aether_cni::protocol`) on the proxy's Unix socket.
+//!
+//! Each connection runs on tokio's blocking pool with the protocol's own blocking helpers,
+//! `read_frame` and `handle_frame`: the agent answers synchronously anyway (nftables, setns
+//! threads), a plugin's connection lasts milliseconds, and socket timeouts bound every read and
+//! write. So framing, limits and the answer to a bad frame are exactly the protocol module's.
+
+use std::future::Future;
+use std::io::{self, BufReader, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_cni::protocol::{
+    ErrorKind, ErrorReply, FrameError, Response, encode_response, handle_frame, read_frame,
+};
+use tokio::net::UnixListener;
+use tracing::{debug, info, warn};
+
+use crate::agent::Agent;
+
+/// Bounds each read and write on a connection: a plugin that stops talking is dropped (the
+/// plugin itself gives up on the proxy after 2 s).
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The bound socket, and which file it is, so that shutting down removes only our own.
+pub struct CniSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    inode: (u64, u64),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot create the directory of the CNI socket {}: {source}", path.display())]
+    Dir { path: PathBuf, source: io::Error },
+    #[error("{} exists and is not a socket; refusing to replace it", .0.display())]
+    NotASocket(PathBuf),
+    #[error("another process is serving {}: is another aether-proxy running on this node?", .0.display())]
+    InUse(PathBuf),
+    #[error("cannot listen on {}: {source}", path.display())]
+    Bind { path: PathBuf, source: io::Error },
+}
+
+/// Binds the socket at `path`, mode 0600 (only root may register pods): creates its directory,
+/// and replaces a socket left by a proxy that is gone, but never one that still answers, nor a
+/// file that is not a socket. Must be called within a tokio runtime.
+pub fn bind(path: &Path) -> Result<CniSocket, ServerError> {
+    let bind_error = |source| ServerError::Bind {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| ServerError::Dir {
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(ServerError::NotASocket(path.to_owned()));
+        }
+        Ok(_) => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(ServerError::InUse(path.to_owned()));
+            }
+            info!(socket = %path.display(), "removing the stale CNI socket of an earlier proxy");
+            std::fs::remove_file(path).map_err(bind_error)?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bind_error(e)),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
+    let meta = std::fs::metadata(path).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
+    Ok(CniSocket {
+        listener: UnixListener::from_std(listener).map_err(bind_error)?,
+        path: path.to_owned(),
+        inode: (meta.dev(), meta.ino()),
+    })
+}
+
+/// Serves until `shutdown` completes, then removes the socket file (if it is still ours), so the
+/// plugin sees at once that the proxy is gone. Connections being served finish on their own.
+pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<Output = ()>) {
+    info!(socket = %socket.path.display(), "serving the CNI plugin");
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = socket.listener.accept() => match accepted.and_then(|(s, _)| s.into_std()) {
+                Ok(stream) => {
+                    let agent = agent.clone();
+                    tokio::task::spawn_blocking(move || serve_connection(stream, &agent));
+                }
+                Err(error) => {
+                    warn!(%error, "accepting a CNI plugin connection failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+        }
+    }
+    let ours =
+        std::fs::metadata(&socket.path).is_ok_and(|meta| (meta.dev(), meta.ino()) == socket.inode);
+    if ours && let Err(error) = std::fs::remove_file(&socket.path) {
+        warn!(socket = %socket.path.display(), %error, "cannot remove the CNI socket");
+    }
+}
+
+/// Request/response pairs until the plugin closes the connection. A frame that does not decode
+/// gets the protocol's error answer and the connection goes on; one over the size limit gets it
+/// too, then the connection is closed, since the rest of that frame cannot be skipped reliably.
+fn serve_connection(stream: UnixStream, agent: &Agent) {
+    let prepared = stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(IO_TIMEOUT)))
+        .and_then(|()| stream.set_write_timeout(Some(IO_TIMEOUT)))
+        .and_then(|()| stream.try_clone());
+    let mut writer = match prepared {
+        Ok(writer) => writer,
+        Err(error) => {
+            warn!(%error, "cannot set up a CNI plugin connection");
+            return;
+        }
+    };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let reply = match read_frame(&mut reader) {
+            Ok(Some(frame)) => handle_frame(&frame, |request| agent.handle(request)),
+            Ok(None) => return,
+            Err(error @ FrameError::TooLarge) => {
+                let reply = encode_response(&Response::Error(ErrorReply {
+                    kind: ErrorKind::BadRequest,
+                    message: error.to_string(),
+                }));
+                let _ = writer.write_all(&reply);
+                return;
+            }
+            Err(error) => {
+                debug!(%error, "closing a CNI plugin connection");
+                return;
+            }
+        };
+        if let Err(error) = writer.write_all(&reply) {
+            debug!(%error, "cannot answer the CNI plugin");
+            return;
+        }
+    }
+}

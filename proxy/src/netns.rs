@@ -1,0 +1,168 @@
+//! Sockets inside a pod's network namespace, opened from the proxy's own process. All of the
+//! proxy's `setns(2)` code is here.
+//!
+//! A socket belongs, for its whole life, to the network namespace of the thread that created it;
+//! binding, connecting, accepting and polling use the socket's namespace, whichever thread does
+//! them. So only the creation needs the pod's namespace. `setns` moves only the calling thread,
+//! and the proxy's tokio workers must stay in the host's namespace, so each socket is created on
+//! a short-lived thread that joins the pod's namespace, creates it, hands it back and exits.
+//! Never on a pooled thread (such as tokio's blocking pool): that thread would carry the pod's
+//! namespace into unrelated work.
+//!
+//! Every socket is created non-blocking, ready to be registered with tokio.
+
+use std::fs::File;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use aether_cni::nft::PROXY_SOCKET_MARK;
+use nix::errno::Errno;
+use nix::sched::{CloneFlags, setns};
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, getsockopt, listen,
+    setsockopt, socket, sockopt,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("network namespace {} does not exist", .0.display())]
+    Gone(PathBuf),
+    #[error("cannot enter network namespace {}: {source}", path.display())]
+    Enter { path: PathBuf, source: io::Error },
+    #[error("cannot listen on {addr} in network namespace {}: {source}", path.display())]
+    Listen {
+        path: PathBuf,
+        addr: SocketAddr,
+        source: io::Error,
+    },
+    #[error("cannot connect to {to} from network namespace {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        to: SocketAddr,
+        source: io::Error,
+    },
+}
+
+/// A TCP listener on `addr` inside the network namespace at `netns`, non-blocking.
+///
+/// For the capture listener `addr` is `127.0.0.1:<port>` or `[::1]:<port>`: the table's rule
+/// `redirect to :<port>` in the nat output hook rewrites a locally generated connection's
+/// destination to the primary address of `lo`, 127.0.0.1 or ::1, keeping the original in
+/// conntrack for [`original_dst`].
+pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, NetnsError> {
+    let listen_error = |source: io::Error| NetnsError::Listen {
+        path: netns.to_owned(),
+        addr,
+        source,
+    };
+    let fd = in_netns(netns, || new_socket(addr))?.map_err(listen_error)?;
+    // A restarted proxy binds the port again while connections it had accepted may still be in
+    // TIME_WAIT; without SO_REUSEADDR that bind fails.
+    setsockopt(&fd, sockopt::ReuseAddr, &true)
+        .and_then(|()| bind(fd.as_raw_fd(), &SockaddrStorage::from(addr)))
+        .and_then(|()| listen(&fd, Backlog::MAXCONN))
+        .map_err(|e| listen_error(e.into()))?;
+    Ok(TcpListener::from(fd))
+}
+
+/// A TCP connection to `to` from inside the network namespace at `netns`, marked with
+/// [`PROXY_SOCKET_MARK`] so that the pod's capture table lets it through instead of
+/// redirecting it back to the proxy. Must be called within a tokio runtime. Creating the socket
+/// holds the calling worker for one short thread's life (see the module's comment); the connect
+/// itself is asynchronous.
+pub async fn connect_from(
+    netns: &Path,
+    to: SocketAddr,
+) -> Result<tokio::net::TcpStream, NetnsError> {
+    let connect_error = |source: io::Error| NetnsError::Connect {
+        path: netns.to_owned(),
+        to,
+        source,
+    };
+    let fd = in_netns(netns, || new_socket(to))?.map_err(connect_error)?;
+    // The mark is per socket, so it can be set outside the namespace too; it needs
+    // CAP_NET_ADMIN, which the proxy has.
+    setsockopt(&fd, sockopt::Mark, &PROXY_SOCKET_MARK).map_err(|e| connect_error(e.into()))?;
+    let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+    socket.connect(to).await.map_err(connect_error)
+}
+
+/// The destination an app dialled before the pod's table redirected its connection to the
+/// capture listener (`SO_ORIGINAL_DST`, or `IP6T_SO_ORIGINAL_DST` for IPv6).
+pub fn original_dst(stream: &tokio::net::TcpStream) -> io::Result<SocketAddr> {
+    Ok(match stream.local_addr()? {
+        SocketAddr::V4(_) => {
+            let sa = getsockopt(stream, sockopt::OriginalDst)?;
+            SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+                u16::from_be(sa.sin_port),
+            ))
+        }
+        SocketAddr::V6(_) => {
+            let sa = getsockopt(stream, sockopt::Ip6tOriginalDst)?;
+            SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sa.sin6_addr.s6_addr),
+                u16::from_be(sa.sin6_port),
+                0,
+                0,
+            ))
+        }
+    })
+}
+
+/// A non-blocking, close-on-exec TCP socket of `addr`'s family, in the calling thread's netns.
+fn new_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    Ok(socket(family, SockType::Stream, flags, None)?)
+}
+
+/// Runs `f` on a new thread that has joined the network namespace at `netns`; the thread ends
+/// with `f`, so no thread of the proxy stays in the pod's namespace.
+fn in_netns<T: Send>(netns: &Path, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+    let enter_error = |source: io::Error| {
+        // setns fails with EINVAL when the path exists but is no longer a namespace (unmounted).
+        if source.kind() == io::ErrorKind::NotFound
+            || source.raw_os_error() == Some(Errno::EINVAL as i32)
+        {
+            NetnsError::Gone(netns.to_owned())
+        } else {
+            NetnsError::Enter {
+                path: netns.to_owned(),
+                source,
+            }
+        }
+    };
+    let ns = File::open(netns).map_err(enter_error)?;
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("aether-netns".into())
+            .spawn_scoped(scope, || {
+                setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| enter_error(e.into()))?;
+                Ok(f())
+            })
+            .map_err(enter_error)?;
+        thread
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_namespace_is_gone() {
+        let missing = Path::new("/var/run/netns/aether-proxy-no-such-netns");
+        assert!(matches!(
+            listen_in(missing, "127.0.0.1:15001".parse().unwrap()),
+            Err(NetnsError::Gone(path)) if path == missing
+        ));
+    }
+}

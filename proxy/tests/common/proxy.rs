@@ -1,0 +1,149 @@
+//! The proxy's CNI server and agent, in-process on their own tokio runtime, with a fixed view
+//! of the cluster: namespace `shop` is managed, every other namespace is not.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aether_cni::decision::MANAGED_LABEL;
+use aether_cni::nft::Nft;
+use aether_cni::protocol::PodRef;
+use aether_proxy::agent::{Agent, AgentConfig};
+use aether_proxy::capture_set::CaptureSet;
+use aether_proxy::cni_server;
+use aether_proxy::listeners::ForwardCounts;
+use aether_proxy::pod_view::{Labels, PodView, ViewError};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const CAPTURE_PORT: u16 = 15001;
+pub const MANAGED_NAMESPACE: &str = "shop";
+
+struct FixedView;
+
+impl PodView for FixedView {
+    fn namespace_labels(&self, namespace: &str) -> Result<Labels, ViewError> {
+        Ok(if namespace == MANAGED_NAMESPACE {
+            Labels::from([(MANAGED_LABEL.into(), "true".into())])
+        } else {
+            Labels::new()
+        })
+    }
+
+    fn pod_annotations(&self, _: &PodRef) -> Result<Labels, ViewError> {
+        Ok(Labels::new())
+    }
+}
+
+pub fn capture_set(generation: u64, targets: &[&str]) -> CaptureSet {
+    let text = serde_json::json!({"generation": generation, "targets": targets}).to_string();
+    CaptureSet::parse(&text).unwrap()
+}
+
+/// A running proxy. Dropping it is a proxy shutdown: the CNI server stops, every listener
+/// closes, the registry stays in the state directory.
+pub struct TestProxy {
+    pub agent: Arc<Agent>,
+    socket: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<()>>,
+    runtime: Option<Runtime>,
+}
+
+impl TestProxy {
+    /// Starts a proxy whose socket and state live in `dir`.
+    pub fn start(dir: &Path, capture: CaptureSet) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = AgentConfig {
+            state_dir: dir.join("state"),
+            capture_port: CAPTURE_PORT,
+            nft: Nft::default(),
+        };
+        let agent = Arc::new(
+            Agent::start(
+                config,
+                Arc::new(FixedView),
+                capture,
+                runtime.handle().clone(),
+            )
+            .unwrap(),
+        );
+        let socket = dir.join("run/cni.sock");
+        let bound = {
+            let _runtime = runtime.enter();
+            cni_server::bind(&socket).unwrap()
+        };
+        let (stop, stopped) = oneshot::channel();
+        let server = runtime.spawn(cni_server::serve(bound, agent.clone(), async {
+            let _ = stopped.await;
+        }));
+        TestProxy {
+            agent,
+            socket,
+            stop: Some(stop),
+            server: Some(server),
+            runtime: Some(runtime),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Waits up to 3 s for the forward counters to satisfy `done` (the proxy counts a
+    /// connection just after the destination has accepted it).
+    pub fn counts_reach(&self, done: impl Fn(ForwardCounts) -> bool) -> ForwardCounts {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let counts = self.agent.forward_counts();
+            if done(counts) || Instant::now() > deadline {
+                return counts;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn registered_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .agent
+            .registered()
+            .into_iter()
+            .map(|p| p.container_id)
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let _ = self.stop.take().map(|stop| stop.send(()));
+        if let Some(server) = self.server.take() {
+            let _ = runtime.block_on(server);
+        }
+        runtime.block_on(self.agent.shutdown(Duration::ZERO));
+        runtime.shutdown_timeout(Duration::from_secs(5));
+    }
+}
+
+/// Whether a plain connection to `addr` inside `netns` is refused within 3 s (listeners close
+/// asynchronously).
+pub fn refused_within(netns: &Path, addr: SocketAddr) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match super::sockets::connect_from(netns, addr, None) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+            _ if Instant::now() > deadline => return false,
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
