@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use aether_crds::well_known::DERIVED_LABEL;
 use aether_crds::{NodeConfig, NodeConfigSpec, RouteTarget, RouteTargetSpec};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -33,6 +33,20 @@ use crate::{node_config, status};
 const FIELD_MANAGER: &str = "aether-operator";
 /// Changes arriving within this window are handled together.
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// API writes of one pass in flight at once: a first sync writes thousands of objects.
+const WRITES_IN_FLIGHT: usize = 32;
+
+type Write<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + 'a>>;
+
+/// Runs a pass's writes concurrently; the first error fails the pass (it is retried).
+async fn write_all(writes: Vec<Write<'_>>) -> anyhow::Result<()> {
+    futures::stream::iter(writes)
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -205,10 +219,11 @@ impl Writer {
         let index = stores.index();
         let targets = compile_all(&index);
         let now = Time(Timestamp::now());
+        // The data plane's configs first, then what users read.
         self.derived_targets(stores, &index, &targets).await?;
+        self.node_configs(stores, &index, &targets).await?;
         self.target_status(stores, &index, &targets, &now).await?;
         self.route_status(stores, &index, &targets, &now).await?;
-        self.node_configs(stores, &index, &targets).await?;
         Ok(())
     }
 
@@ -298,6 +313,7 @@ impl Writer {
         targets: &BTreeMap<Key, Target>,
         now: &Time,
     ) -> anyhow::Result<()> {
+        let mut writes: Vec<Write<'_>> = Vec::new();
         for object in stores.targets.state() {
             let namespace = object.namespace().unwrap_or_default();
             let Some(target) = targets.get(&(namespace.clone(), object.spec.service.clone()))
@@ -324,38 +340,54 @@ impl Writer {
             if previous.is_some_and(|p| !differs(p, &desired)) {
                 continue;
             }
-            let api: Api<RouteTarget> = Api::namespaced(self.client.clone(), &namespace);
-            api.patch_status(
-                &object.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"status": desired})),
-            )
-            .await?;
-            self.metrics.writes.inc();
-            let accepted = |s: Option<&aether_crds::RouteTargetStatus>| {
-                s.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Accepted"))
-                    .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-            };
-            if let Some((status, reason, message)) =
-                accepted(Some(&desired)).filter(|now| Some(now) != accepted(previous).as_ref())
-            {
-                let event = Event {
-                    type_: if status == "True" {
-                        EventType::Normal
-                    } else {
-                        EventType::Warning
-                    },
-                    reason,
-                    note: Some(message),
-                    action: "Reconcile".into(),
-                    secondary: None,
-                };
-                if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
-                    tracing::warn!(error = %error, "cannot publish event");
-                }
-            }
+            let previous = previous.cloned();
+            writes.push(Box::pin(async move {
+                let api: Api<RouteTarget> = Api::namespaced(self.client.clone(), &namespace);
+                api.patch_status(
+                    &object.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"status": desired})),
+                )
+                .await?;
+                self.metrics.writes.inc();
+                self.accepted_event(&object, previous.as_ref(), &desired)
+                    .await;
+                Ok(())
+            }));
         }
-        Ok(())
+        write_all(writes).await
+    }
+
+    /// An Event on the RouteTarget when its Accepted condition changes.
+    async fn accepted_event(
+        &self,
+        object: &RouteTarget,
+        previous: Option<&aether_crds::RouteTargetStatus>,
+        desired: &aether_crds::RouteTargetStatus,
+    ) {
+        let accepted = |s: Option<&aether_crds::RouteTargetStatus>| {
+            s.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Accepted"))
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        };
+        let Some((status, reason, message)) =
+            accepted(Some(desired)).filter(|now| Some(now) != accepted(previous).as_ref())
+        else {
+            return;
+        };
+        let event = Event {
+            type_: if status == "True" {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason,
+            note: Some(message),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(error = %error, "cannot publish event");
+        }
     }
 
     async fn route_status(
@@ -366,6 +398,7 @@ impl Writer {
         now: &Time,
     ) -> anyhow::Result<()> {
         let ours = status::route_parents(targets, index, now);
+        let mut writes: Vec<Write<'_>> = Vec::new();
         for route in stores.http_routes.state() {
             let key = (
                 "HTTPRoute",
@@ -377,8 +410,11 @@ impl Writer {
                 .as_ref()
                 .map(|s| serde_json::to_value(&s.parents))
                 .transpose()?;
-            self.write_route_status::<HttpRoute>(&key, existing, ours.get(&key))
-                .await?;
+            writes.extend(self.write_route_status::<HttpRoute>(
+                key.clone(),
+                existing,
+                ours.get(&key),
+            ));
         }
         for route in stores.grpc_routes.state() {
             let key = (
@@ -391,20 +427,29 @@ impl Writer {
                 .as_ref()
                 .map(|s| serde_json::to_value(&s.parents))
                 .transpose()?;
-            self.write_route_status::<GrpcRoute>(&key, existing, ours.get(&key))
-                .await?;
+            writes.extend(self.write_route_status::<GrpcRoute>(
+                key.clone(),
+                existing,
+                ours.get(&key),
+            ));
         }
-        Ok(())
+        write_all(writes).await
     }
 
-    async fn write_route_status<K>(
+    /// The write of a route's merged status.parents, if it changes.
+    fn write_route_status<K>(
         &self,
-        key: &(&'static str, String, String),
+        key: (&'static str, String, String),
         existing: Option<serde_json::Value>,
         ours: Option<&Vec<serde_json::Value>>,
-    ) -> anyhow::Result<()>
+    ) -> Option<Write<'_>>
     where
-        K: Resource<Scope = kube::core::NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+        K: Resource<Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + 'static,
         K::DynamicType: Default,
     {
         let existing: Vec<serde_json::Value> = existing
@@ -412,17 +457,19 @@ impl Writer {
             .unwrap_or_default();
         let merged = status::merge_parents(&existing, ours.map(Vec::as_slice).unwrap_or_default());
         if merged == existing {
-            return Ok(());
+            return None;
         }
-        let api: Api<K> = Api::namespaced(self.client.clone(), &key.1);
-        api.patch_status(
-            &key.2,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"parents": merged}})),
-        )
-        .await?;
-        self.metrics.writes.inc();
-        Ok(())
+        Some(Box::pin(async move {
+            let api: Api<K> = Api::namespaced(self.client.clone(), &key.1);
+            api.patch_status(
+                &key.2,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"parents": merged}})),
+            )
+            .await?;
+            self.metrics.writes.inc();
+            Ok(())
+        }))
     }
 
     /// One NodeConfig per node; a node's object is written only when its content changes.
@@ -440,20 +487,25 @@ impl Writer {
             .map(|c| (c.name_any(), c))
             .collect();
         let identities = node_config::identity_map(index, targets, &self.config.trust_domain);
+        let mut writes: Vec<Write<'_>> = Vec::new();
         for node in &index.nodes {
             let spec: NodeConfigSpec = node_config::node_config(index, node, targets, &identities);
             if existing.get(node).is_some_and(|c| !differs(&c.spec, &spec)) {
                 continue;
             }
-            let object = NodeConfig::new(node, spec);
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            api.patch(node, &params, &Patch::Apply(serde_json::json!({
-                "apiVersion": "aether.io/v1alpha1", "kind": "NodeConfig", "metadata": {"name": node}, "spec": object.spec,
-            })))
-            .await?;
-            self.metrics.writes.inc();
-            tracing::info!(node, "updated NodeConfig");
+            let api = api.clone();
+            writes.push(Box::pin(async move {
+                let params = PatchParams::apply(FIELD_MANAGER).force();
+                let object = serde_json::json!({
+                    "apiVersion": "aether.io/v1alpha1", "kind": "NodeConfig", "metadata": {"name": node}, "spec": spec,
+                });
+                api.patch(node, &params, &Patch::Apply(object)).await?;
+                self.metrics.writes.inc();
+                tracing::info!(node, "updated NodeConfig");
+                Ok(())
+            }));
         }
+        write_all(writes).await?;
         for name in existing.keys().filter(|n| !index.nodes.contains(*n)) {
             match api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}
