@@ -9,20 +9,16 @@
 //! most of them creating the objects, and deletes them afterwards.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aether_crds::NodeConfig;
 use aether_e2e::Cluster;
-use aether_operator::controller::{self, Config};
-use aether_operator::metrics::Metrics;
 use anyhow::{Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::sync::watch;
 
 const NAMESPACES: usize = 100;
 const SERVICES_PER_NS: usize = 50;
@@ -31,6 +27,34 @@ const ROUTES_PER_NS: usize = 10;
 const NODES: usize = 50;
 const CHANGES: usize = 20;
 const CONCURRENCY: usize = 32;
+const METRICS: &str = "127.0.0.1:19090";
+
+/// Reconcile passes, their mean duration and the writes, from the operator's /metrics.
+fn reconcile_summary() -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(METRICS)?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+    };
+    let passes = value("aether_operator_reconcile_duration_seconds_count");
+    let seconds = value("aether_operator_reconcile_duration_seconds_sum");
+    Ok(format!(
+        "{passes:.0} reconcile passes, mean {:.0} ms; {:.0} writes",
+        1000.0 * seconds / passes.max(1.0),
+        value("aether_operator_writes_total")
+    ))
+}
 
 /// Names carry the process id: a previous run's namespaces may still be terminating.
 fn ns(i: usize) -> String {
@@ -182,8 +206,9 @@ fn weight_in(config: &NodeConfig, i: usize, r: usize) -> Option<u64> {
         .and_then(|b| b["weight"].as_u64())
 }
 
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// Peak resident memory of a process, from the kernel's high-water mark.
+fn peak_rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -207,19 +232,21 @@ async fn main() -> Result<()> {
         created.elapsed().as_secs_f64()
     );
 
+    // The real operator binary, in its own process, so its memory is measured alone.
+    let _ = cluster.kubectl(&["create", "namespace", "aether-system"]);
     let started = Instant::now();
-    let (_leader_tx, leader) = watch::channel(true);
-    let (ready_tx, _ready) = watch::channel(false);
-    let metrics = Arc::new(Metrics::new());
-    let operator = tokio::spawn(controller::run(
-        client.clone(),
-        Config {
-            trust_domain: "cluster.local".into(),
-        },
-        leader,
-        metrics.clone(),
-        ready_tx,
-    ));
+    let mut operator = std::process::Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+        .args([
+            "--metrics-addr",
+            METRICS,
+            "--ca-addr",
+            "127.0.0.1:0",
+            "--identity",
+            "bench",
+        ])
+        .env("KUBECONFIG", &cluster.paths.kubeconfig)
+        .env("RUST_LOG", "warn")
+        .spawn()?;
     let configs: Api<NodeConfig> = Api::all(client.clone());
     // Synced when every bench node holds the tables of the targets in its two namespaces'
     // worth of clients (each node hosts pods of the namespaces i with j in nodes_of(i)).
@@ -324,11 +351,8 @@ async fn main() -> Result<()> {
         ms(latencies[CHANGES / 2]),
         ms(latencies[(CHANGES * 99 / 100).min(CHANGES - 1)])
     );
-    println!("  {}", metrics.summary());
-    println!(
-        "  peak RSS of this process (operator and bench): {:.0} MB",
-        peak_rss_mb()
-    );
+    println!("  {}", reconcile_summary()?);
+    println!("  operator peak RSS: {:.0} MB", peak_rss_mb(operator.id()));
     println!(
         "  largest NodeConfig {:.0} KB vs the whole mesh {:.0} KB ({:.1}%)",
         largest as f64 / 1024.0,
@@ -336,7 +360,8 @@ async fn main() -> Result<()> {
         100.0 * largest as f64 / size(&whole).max(1) as f64
     );
 
-    operator.abort();
+    operator.kill()?;
+    operator.wait()?;
     nodes_alive.abort();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for i in 0..NAMESPACES {

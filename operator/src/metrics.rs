@@ -66,26 +66,6 @@ impl Metrics {
         self.duration.observe(took.as_secs_f64());
     }
 
-    /// One line for benchmarks: reconcile passes, their mean time, and writes.
-    pub fn summary(&self) -> String {
-        let text = self.text();
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| {
-                    l.strip_prefix(name)
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                })
-                .unwrap_or(0.0)
-        };
-        let passes = value("aether_operator_reconcile_duration_seconds_count");
-        let seconds = value("aether_operator_reconcile_duration_seconds_sum");
-        format!(
-            "{passes:.0} reconcile passes, mean {:.0} ms; {:.0} writes",
-            1000.0 * seconds / passes.max(1.0),
-            value("aether_operator_writes_total")
-        )
-    }
-
     fn text(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
