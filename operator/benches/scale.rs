@@ -245,7 +245,10 @@ async fn main() -> Result<()> {
             "bench",
         ])
         .env("KUBECONFIG", &cluster.paths.kubeconfig)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "warn,aether_operator::controller=debug")
+        .stderr(std::fs::File::create(
+            std::env::temp_dir().join("aether-scale-operator.log"),
+        )?)
         .spawn()?;
     let configs: Api<NodeConfig> = Api::all(client.clone());
     // Synced when every bench node holds the tables of the targets in its two namespaces'

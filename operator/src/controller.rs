@@ -21,7 +21,6 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 
@@ -210,20 +209,28 @@ struct Writer {
     metrics: Arc<Metrics>,
 }
 
-fn differs<T: Serialize>(a: &T, b: &T) -> bool {
-    serde_json::to_value(a).ok() != serde_json::to_value(b).ok()
-}
-
 impl Writer {
     async fn reconcile(&self, stores: &Stores) -> anyhow::Result<()> {
+        let started = Instant::now();
         let index = stores.index();
+        let indexed = started.elapsed();
         let targets = compile_all(&index);
+        let compiled = started.elapsed();
         let now = Time(Timestamp::now());
         // The data plane's configs first, then what users read.
         self.derived_targets(stores, &index, &targets).await?;
         self.node_configs(stores, &index, &targets).await?;
+        let configs = started.elapsed();
         self.target_status(stores, &index, &targets, &now).await?;
         self.route_status(stores, &index, &targets, &now).await?;
+        tracing::debug!(
+            index_ms = indexed.as_millis() as u64,
+            compile_ms = (compiled - indexed).as_millis() as u64,
+            node_configs_ms = (configs - compiled).as_millis() as u64,
+            status_ms = (started.elapsed() - configs).as_millis() as u64,
+            targets = targets.len(),
+            "reconcile pass"
+        );
         Ok(())
     }
 
@@ -337,7 +344,7 @@ impl Writer {
                 previous,
                 now,
             );
-            if previous.is_some_and(|p| !differs(p, &desired)) {
+            if previous == Some(&desired) {
                 continue;
             }
             let previous = previous.cloned();
@@ -486,11 +493,11 @@ impl Writer {
             .into_iter()
             .map(|c| (c.name_any(), c))
             .collect();
-        let identities = node_config::identity_map(index, targets, &self.config.trust_domain);
+        let shared = node_config::Shared::new(index, targets, &self.config.trust_domain);
         let mut writes: Vec<Write<'_>> = Vec::new();
         for node in &index.nodes {
-            let spec: NodeConfigSpec = node_config::node_config(index, node, targets, &identities);
-            if existing.get(node).is_some_and(|c| !differs(&c.spec, &spec)) {
+            let spec: NodeConfigSpec = node_config::node_config(node, targets, &shared);
+            if existing.get(node).is_some_and(|c| c.spec == spec) {
                 continue;
             }
             let api = api.clone();

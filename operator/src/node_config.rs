@@ -53,28 +53,25 @@ fn backends(table: &RouteTable) -> BTreeSet<Key> {
 
 /// The route targets whose tables the node needs: targets in the namespaces of its meshed
 /// pods and those its pods name in `aether.io/depends-on`, plus the targets among their
-/// backends.
+/// backends. Also the namespaces with clients on the node.
 pub fn demand(
-    index: &Index,
-    node: &str,
+    clients: Option<&Clients>,
     targets: &BTreeMap<Key, Target>,
 ) -> (BTreeSet<Key>, BTreeSet<String>) {
-    let local: Vec<(&Key, _)> = index
-        .pods
-        .iter()
-        .filter(|(_, p)| p.meshed && !p.terminating && p.node.as_deref() == Some(node))
-        .collect();
-    let client_namespaces: BTreeSet<String> = local.iter().map(|((ns, _), _)| ns.clone()).collect();
+    let Some(clients) = clients else {
+        return Default::default();
+    };
     let mut wanted: BTreeSet<Key> = targets
         .keys()
-        .filter(|(ns, _)| client_namespaces.contains(ns))
+        .filter(|(ns, _)| clients.namespaces.contains(ns))
         .cloned()
         .collect();
     wanted.extend(
-        local
+        clients
+            .depends_on
             .iter()
-            .flat_map(|(_, p)| p.depends_on.iter().cloned())
-            .filter(|k| targets.contains_key(k)),
+            .filter(|k| targets.contains_key(*k))
+            .cloned(),
     );
     let backends: BTreeSet<Key> = wanted
         .iter()
@@ -83,7 +80,51 @@ pub fn demand(
         .filter(|k| targets.contains_key(k))
         .collect();
     wanted.extend(backends);
-    (wanted, client_namespaces)
+    (wanted, clients.namespaces.clone())
+}
+
+/// What a node's meshed pods ask for.
+#[derive(Debug, Default)]
+pub struct Clients {
+    pub namespaces: BTreeSet<String>,
+    pub depends_on: BTreeSet<Key>,
+}
+
+/// What every node's config is cut from, computed once per pass: identities, each
+/// target's serialised table, and each node's clients.
+pub struct Shared {
+    pub capture: Vec<CaptureEntry>,
+    pub identities: BTreeMap<Key, Vec<String>>,
+    pub tables: BTreeMap<Key, serde_json::Value>,
+    pub clients: BTreeMap<String, Clients>,
+}
+
+impl Shared {
+    pub fn new(index: &Index, targets: &BTreeMap<Key, Target>, trust_domain: &str) -> Self {
+        let mut clients: BTreeMap<String, Clients> = BTreeMap::new();
+        for ((namespace, _), pod) in &index.pods {
+            let Some(node) = pod.node.as_ref().filter(|_| pod.meshed && !pod.terminating) else {
+                continue;
+            };
+            let entry = clients.entry(node.clone()).or_default();
+            entry.namespaces.insert(namespace.clone());
+            entry.depends_on.extend(pod.depends_on.iter().cloned());
+        }
+        Shared {
+            capture: capture_set(index, targets),
+            identities: identity_map(index, targets, trust_domain),
+            tables: targets
+                .iter()
+                .map(|(k, t)| {
+                    (
+                        k.clone(),
+                        serde_json::to_value(&t.compiled.table).unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            clients,
+        }
+    }
 }
 
 /// A table with only the consumer rules of namespaces that have clients on the node.
@@ -113,22 +154,32 @@ pub fn identity_map(
         .collect()
 }
 
-pub fn node_config(
-    index: &Index,
-    node: &str,
-    targets: &BTreeMap<Key, Target>,
-    identities: &BTreeMap<Key, Vec<String>>,
-) -> NodeConfigSpec {
-    let capture = capture_set(index, targets);
-    let (wanted, client_namespaces) = demand(index, node, targets);
+pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared) -> NodeConfigSpec {
+    let capture = shared.capture.clone();
+    let identities = &shared.identities;
+    let (wanted, client_namespaces) = demand(shared.clients.get(node), targets);
     let tables: Vec<TargetTable> = wanted
         .iter()
         .filter_map(|k| targets.get(k))
-        .map(|t| TargetTable {
-            namespace: t.key.0.clone(),
-            service: t.key.1.clone(),
-            table: serde_json::to_value(scoped(&t.compiled.table, &client_namespaces))
-                .unwrap_or_default(),
+        .map(|t| {
+            // Consumer rules of namespaces without clients here are cut; most tables have none.
+            let foreign = t
+                .compiled
+                .table
+                .ports
+                .iter()
+                .any(|p| p.consumers.keys().any(|ns| !client_namespaces.contains(ns)));
+            let table = if foreign {
+                serde_json::to_value(scoped(&t.compiled.table, &client_namespaces))
+                    .unwrap_or_default()
+            } else {
+                shared.tables.get(&t.key).cloned().unwrap_or_default()
+            };
+            TargetTable {
+                namespace: t.key.0.clone(),
+                service: t.key.1.clone(),
+                table,
+            }
         })
         .collect();
     // Identities of every Service a request from this node may reach: the wanted targets

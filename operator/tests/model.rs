@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use aether_operator::index::{Index, key};
-use aether_operator::node_config::{identity_map, node_config};
+use aether_operator::node_config::{Shared, node_config};
 use aether_operator::status::{merge_parents, route_parents, route_target_status};
 use aether_operator::targets::{compile_all, target_keys};
 use gateway_api::httproutes::HttpRoute;
@@ -260,14 +260,14 @@ fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
     let index = index();
     let targets = compile_all(&index);
     let tables = |node: &str| -> Vec<String> {
-        node_config(&index, node, &targets, &identity_map(&index, &targets, TD))
+        node_config(node, &targets, &Shared::new(&index, &targets, TD))
             .tables
             .iter()
             .map(|t| format!("{}/{}", t.namespace, t.service))
             .collect()
     };
     for node in ["node-1", "node-2", "node-3", "node-4"] {
-        let config = node_config(&index, node, &targets, &identity_map(&index, &targets, TD));
+        let config = node_config(node, &targets, &Shared::new(&index, &targets, TD));
         assert_eq!(
             config.capture_count, 4,
             "echo and v1, two ports each: every node captures every target"
@@ -287,7 +287,7 @@ fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
 
     // The consumer route for v1 is only in the config of the node with a client in `clients`.
     let consumers = |node: &str| -> usize {
-        let config = node_config(&index, node, &targets, &identity_map(&index, &targets, TD));
+        let config = node_config(node, &targets, &Shared::new(&index, &targets, TD));
         let table = config.tables.iter().find(|t| t.service == "v1").unwrap();
         table.table["ports"][0]["consumers"]
             .as_object()
@@ -296,12 +296,7 @@ fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
     assert_eq!(consumers("node-3"), 1);
     assert_eq!(consumers("node-1"), 0);
 
-    let config = node_config(
-        &index,
-        "node-1",
-        &targets,
-        &identity_map(&index, &targets, TD),
-    );
+    let config = node_config("node-1", &targets, &Shared::new(&index, &targets, TD));
     let ids: Vec<_> = config
         .identities
         .iter()
