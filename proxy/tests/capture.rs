@@ -11,10 +11,10 @@ use std::path::Path;
 
 use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::{Client, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response};
-use common::chain::{Node, Pod, pod_ips};
+use common::chain::{Node, pod_ips};
 use common::proxy::{CAPTURE_PORT, TestProxy, capture_set, refused_within};
 use common::sockets::{TIMEOUT, accept_within, connect_from, listen_in};
-use common::{TempDir, require_root};
+use common::{Pod, TempDir, require_root};
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()

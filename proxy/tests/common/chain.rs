@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
-use super::{CNI_BIN_DIR, Netns, PluginRun, TempDir, run_here, run_in, unique};
+use super::{CNI_BIN_DIR, Netns, PluginRun, Pod, TempDir, run_here, run_in};
 
 /// The `aether-cni` binary of this workspace, built once per test binary. Cargo offers
 /// `CARGO_BIN_EXE_*` only for the package's own binaries, so it is built here into the same
@@ -53,37 +53,6 @@ pub fn aether_cni() -> &'static Path {
         assert!(binary.exists(), "{} was not built", binary.display());
         binary
     })
-}
-
-/// A pod as the runtime knows it: its netns and the kubelet's identity for it.
-pub struct Pod {
-    pub netns: Netns,
-    pub container_id: String,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl Pod {
-    pub fn new(namespace: &str) -> Self {
-        let netns = Netns::new("aepp");
-        // Tentative IPv6 addresses would delay the pod's first connections; a runtime's pods
-        // get them through the same sysctl.
-        netns.sysctl("net.ipv6.conf.default.accept_dad", "0");
-        netns.sysctl("net.ipv6.conf.all.accept_dad", "0");
-        Pod {
-            container_id: unique("ABCdef"),
-            name: unique("pod-"),
-            namespace: namespace.to_owned(),
-            netns,
-        }
-    }
-
-    pub fn cni_args(&self) -> String {
-        format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID=uid-{}",
-            self.namespace, self.name, self.container_id, self.name
-        )
-    }
 }
 
 /// The pod's IPs from the bridge plugin's result.
