@@ -412,11 +412,7 @@ impl Writer {
                 route.namespace().unwrap_or_default(),
                 route.name_any(),
             );
-            let existing = route
-                .status
-                .as_ref()
-                .map(|s| serde_json::to_value(&s.parents))
-                .transpose()?;
+            let existing = serde_json::to_value(route.status.as_ref().map(|s| &s.parents))?;
             writes.extend(self.write_route_status::<HttpRoute>(
                 key.clone(),
                 existing,
@@ -429,11 +425,7 @@ impl Writer {
                 route.namespace().unwrap_or_default(),
                 route.name_any(),
             );
-            let existing = route
-                .status
-                .as_ref()
-                .map(|s| serde_json::to_value(&s.parents))
-                .transpose()?;
+            let existing = serde_json::to_value(route.status.as_ref().map(|s| &s.parents))?;
             writes.extend(self.write_route_status::<GrpcRoute>(
                 key.clone(),
                 existing,
@@ -447,7 +439,7 @@ impl Writer {
     fn write_route_status<K>(
         &self,
         key: (&'static str, String, String),
-        existing: Option<serde_json::Value>,
+        existing: serde_json::Value,
         ours: Option<&Vec<serde_json::Value>>,
     ) -> Option<Write<'_>>
     where
@@ -459,9 +451,7 @@ impl Writer {
             + 'static,
         K::DynamicType: Default,
     {
-        let existing: Vec<serde_json::Value> = existing
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default();
+        let existing: Vec<serde_json::Value> = existing.as_array().cloned().unwrap_or_default();
         let merged = status::merge_parents(&existing, ours.map(Vec::as_slice).unwrap_or_default());
         if merged == existing {
             return None;

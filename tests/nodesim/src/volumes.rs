@@ -225,6 +225,19 @@ fn downward_files(dir: &Path, pod: &Pod, items: &[DownwardAPIVolumeFile]) -> Res
     Ok(())
 }
 
+/// Writes a ConfigMap's `items` (or every key) into `dir`.
+async fn write_config_map(
+    fetcher: &Fetcher,
+    namespace: &str,
+    name: &str,
+    items: Option<&Vec<KeyToPath>>,
+    dir: &Path,
+) -> Result<()> {
+    let data = fetcher.config_map(namespace, name).await?;
+    let data = data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
+    write_keys(dir, &data, items, &format!("ConfigMap {name}"))
+}
+
 /// Writes every volume of `pod` under `dir` (one subdirectory per volume).
 pub async fn materialise(fetcher: &Fetcher, pod: &Pod, dir: &Path) -> Result<Volumes> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -244,18 +257,9 @@ pub async fn materialise(fetcher: &Fetcher, pod: &Pod, dir: &Path) -> Result<Vol
         }
         std::fs::create_dir_all(&vdir)?;
         if let Some(cm) = &volume.config_map {
-            let data = fetcher
-                .config_map(namespace, &cm.name)
+            write_config_map(fetcher, namespace, &cm.name, cm.items.as_ref(), &vdir)
                 .await
                 .with_context(context)?;
-            let data = data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
-            write_keys(
-                &vdir,
-                &data,
-                cm.items.as_ref(),
-                &format!("ConfigMap {}", cm.name),
-            )
-            .with_context(context)?;
         } else if let Some(secret) = &volume.secret {
             let name = secret.secret_name.clone().unwrap_or_default();
             let data = fetcher
@@ -287,18 +291,9 @@ pub async fn materialise(fetcher: &Fetcher, pod: &Pod, dir: &Path) -> Result<Vol
                         expiration_seconds,
                     });
                 } else if let Some(cm) = &source.config_map {
-                    let data = fetcher
-                        .config_map(namespace, &cm.name)
+                    write_config_map(fetcher, namespace, &cm.name, cm.items.as_ref(), &vdir)
                         .await
                         .with_context(context)?;
-                    let data = data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
-                    write_keys(
-                        &vdir,
-                        &data,
-                        cm.items.as_ref(),
-                        &format!("ConfigMap {}", cm.name),
-                    )
-                    .with_context(context)?;
                 } else if let Some(secret) = &source.secret {
                     let data = fetcher
                         .secret(namespace, &secret.name)
