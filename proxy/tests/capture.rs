@@ -138,7 +138,8 @@ fn captured_connections_reach_their_original_destination_through_the_proxy() {
         "IPv6 listener still open"
     );
     assert_direct(&dial(&pod, addr("10.96.0.10:80"), &captured4));
-    assert_eq!(proxy.agent.forward_counts().accepted, 3);
+    // The refusal probes above may be accepted while the listener closes; none is forwarded.
+    assert_eq!(proxy.agent.forward_counts().forwarded, 2);
 }
 
 #[test]
