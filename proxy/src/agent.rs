@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use aether_cni::decision::Meshing;
-use aether_cni::nft::{self, Nft};
+use aether_cni::nft::{self, Nft, TableSpec};
 use aether_cni::protocol::{
     CapturePlan, CheckStatus, Decision, ErrorKind, ErrorReply, PodRef, Request, Response,
 };
@@ -19,7 +19,8 @@ use tokio::runtime::Handle;
 use tracing::{debug, error, info, warn};
 
 use crate::capture_set::CaptureSet;
-use crate::listeners::{ForwardCounts, ForwardStats, Listeners, capture_addrs};
+use crate::dataplane::{DataPlane, ForwardCounts};
+use crate::listeners::{Listeners, PodInfo, Role, capture_addrs, inbound_addr};
 use crate::pod_view::{self, PodView};
 use crate::registry::{RegisteredPod, Registry, RegistryError};
 
@@ -31,15 +32,18 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// The capture port given to newly registered pods' tables.
     pub capture_port: u16,
+    /// The inbound mTLS port opened in every registered pod; `None` without a mesh.
+    pub inbound_port: Option<u16>,
     pub nft: Nft,
 }
 
 pub struct Agent {
     capture_port: u16,
+    inbound_port: Option<u16>,
     nft: Nft,
     registry_path: PathBuf,
     view: Arc<dyn PodView>,
-    stats: Arc<ForwardStats>,
+    plane: Arc<DataPlane>,
     state: Mutex<State>,
 }
 
@@ -76,12 +80,13 @@ pub struct CaptureUpdate {
 impl Agent {
     /// Loads the registry from the state directory and reopens the listeners of every pod in it
     /// (forgetting pods whose network namespace is gone), then brings their tables to `capture`.
-    /// Listener tasks run on `runtime`.
+    /// Listener tasks run on `runtime`; `plane` serves their connections.
     pub fn start(
         config: AgentConfig,
         view: Arc<dyn PodView>,
         capture: CaptureSet,
         runtime: Handle,
+        plane: Arc<DataPlane>,
     ) -> Result<Agent, AgentError> {
         if config.capture_port == 0 {
             return Err(AgentError::CapturePortZero);
@@ -92,13 +97,14 @@ impl Agent {
         })?;
         let registry_path = config.state_dir.join(REGISTRY_FILE);
         let registry = Registry::load(&registry_path)?;
-        let listeners = Listeners::new(runtime);
+        let listeners = Listeners::new(runtime, plane.clone());
         let agent = Agent {
             capture_port: config.capture_port,
+            inbound_port: config.inbound_port,
             nft: config.nft,
             registry_path,
             view,
-            stats: listeners.stats(),
+            plane,
             state: Mutex::new(State {
                 registry,
                 capture: capture.clone(),
@@ -125,8 +131,7 @@ impl Agent {
                 kept.remove(id, &pod.ifname);
                 continue;
             }
-            let addrs = capture_addrs(pod.families(), pod.capture_port);
-            match listeners.open(id, &pod.netns, &addrs) {
+            match listeners.open(self.pod_info(pod), &self.listener_addrs(pod)) {
                 Ok(_) => info!(pod = %pod.pod, container_id = id, "reopened capture listeners"),
                 Err(e) => error!(pod = %pod.pod, container_id = id, error = %e,
                     "cannot reopen capture listeners; captured connections of this pod are refused"),
@@ -241,8 +246,7 @@ impl Agent {
             listeners,
         } = &mut *state;
         let id = pod.container_id.clone();
-        let addrs = capture_addrs(pod.families(), pod.capture_port);
-        let opened = match listeners.open(&id, &pod.netns, &addrs) {
+        let opened = match listeners.open(self.pod_info(&pod), &self.listener_addrs(&pod)) {
             Ok(opened) => opened,
             Err(e) => {
                 return error_reply(
@@ -334,6 +338,78 @@ impl Agent {
         }
     }
 
+    /// Checks every registered pod's table and listeners and repairs what drifted: a missing
+    /// or altered table is installed again with the current capture set, closed listeners are
+    /// reopened. Returns what was repaired, for metrics and Events.
+    pub fn repair_drift(&self) -> Vec<Repair> {
+        let mut state = self.lock();
+        let State {
+            registry,
+            capture,
+            listeners,
+        } = &mut *state;
+        let mut repairs = Vec::new();
+        for pod in registry.pods() {
+            if !pod.netns.exists() {
+                continue;
+            }
+            let spec = TableSpec {
+                capture_port: pod.capture_port,
+                families: pod.families(),
+            };
+            match nft::verify(&self.nft, &pod.netns, &spec) {
+                Ok(drift) if drift.is_empty() => {}
+                Ok(drift) => {
+                    let what = format!("{drift:?}");
+                    match nft::install(&self.nft, &pod.netns, &spec, &capture.targets) {
+                        Ok(()) => {
+                            warn!(pod = %pod.pod, drift = %what, "repaired a pod's capture table");
+                            repairs.push(Repair {
+                                pod: pod.pod.clone(),
+                                what: DriftKind::Table,
+                                detail: what,
+                            });
+                        }
+                        Err(e) => {
+                            error!(pod = %pod.pod, error = %e, "cannot repair a pod's capture table")
+                        }
+                    }
+                }
+                Err(e) => debug!(pod = %pod.pod, error = %e, "cannot check a pod's capture table"),
+            }
+            if !listeners.is_open(&pod.container_id) {
+                match listeners.open(self.pod_info(pod), &self.listener_addrs(pod)) {
+                    Ok(_) => repairs.push(Repair {
+                        pod: pod.pod.clone(),
+                        what: DriftKind::Listeners,
+                        detail: "listeners were closed".into(),
+                    }),
+                    Err(e) => error!(pod = %pod.pod, error = %e, "cannot reopen a pod's listeners"),
+                }
+            }
+        }
+        repairs
+    }
+
+    /// aether is being uninstalled: removes every registered pod's table, closes its listeners
+    /// and forgets it, so pods keep working unmeshed.
+    pub fn remove_all(&self) -> Vec<(String, String)> {
+        let mut state = self.lock();
+        let mut failed = Vec::new();
+        for pod in state.registry.clone().pods() {
+            state.listeners.close(&pod.container_id);
+            match nft::delete(&self.nft, &pod.netns) {
+                Ok(_) => info!(pod = %pod.pod, "removed the capture table: aether is uninstalled"),
+                Err(e) => failed.push((pod.container_id.clone(), e.to_string())),
+            }
+        }
+        state.registry = Registry::default();
+        if let Err(e) = state.registry.save(&self.registry_path) {
+            failed.push((String::new(), e.to_string()));
+        }
+        failed
+    }
+
     /// Closes every listener; open connections get up to `drain` to finish. The registry stays
     /// on disk for the next start.
     pub async fn shutdown(&self, drain: Duration) {
@@ -348,13 +424,57 @@ impl Agent {
     }
 
     pub fn forward_counts(&self) -> ForwardCounts {
-        self.stats.counts()
+        self.plane.counts()
+    }
+
+    fn pod_info(&self, pod: &RegisteredPod) -> PodInfo {
+        PodInfo {
+            key: pod.container_id.clone(),
+            pod: pod.pod.clone(),
+            netns: Arc::from(pod.netns.as_path()),
+            families: pod.families(),
+        }
+    }
+
+    /// The capture listeners, and the inbound one when the proxy is part of a mesh.
+    fn listener_addrs(&self, pod: &RegisteredPod) -> Vec<(std::net::SocketAddr, Role)> {
+        let mut addrs: Vec<_> = capture_addrs(pod.families(), pod.capture_port)
+            .into_iter()
+            .map(|addr| (addr, Role::Capture))
+            .collect();
+        if let Some(port) = self.inbound_port {
+            addrs.push((inbound_addr(pod.families(), port), Role::Inbound));
+        }
+        addrs
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing in the state is left half-changed by a panic (every change is built on a copy
         // and swapped in), so a poisoned lock is still good.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One repair of [`Agent::repair_drift`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repair {
+    pub pod: PodRef,
+    pub what: DriftKind,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriftKind {
+    Table,
+    Listeners,
+}
+
+impl DriftKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftKind::Table => "table",
+            DriftKind::Listeners => "listeners",
+        }
     }
 }
 

@@ -1,19 +1,30 @@
-//! aether's node proxy, first slice: the CNI plugin's registry and the capture listeners inside
-//! each meshed pod's network namespace.
+//! aether's node proxy.
 //!
 //! - [`cni_server`]: the plugin ↔ proxy protocol (`aether_cni::protocol`) on a Unix socket.
-//! - [`agent`]: the answers to the plugin, the pods' listeners and their tables' capture sets.
+//! - [`agent`]: the answers to the plugin, the pods' listeners, their tables' capture sets,
+//!   drift repair.
 //! - [`registry`]: the registered pods, persisted so a restarted proxy reopens their listeners.
 //! - [`pod_view`]: namespace labels and pod annotations, which decide whether a pod is meshed.
 //! - [`capture_set`]: the route-target ClusterIP:ports every meshed pod's table captures.
-//! - [`listeners`]: per-pod capture listeners; captured connections go to their original
-//!   destination.
+//! - [`listeners`]: per-pod capture and inbound listeners.
 //! - [`netns`]: every `setns(2)`: sockets inside a pod's network namespace, `SO_ORIGINAL_DST`.
+//! - [`cluster`]: watches of the cluster and the loops that apply what they see.
+//! - [`mesh`]: the snapshot of routes, endpoints and identities the data plane reads (pure).
+//! - [`dataplane`]: outbound routing, inbound mTLS termination, pooled clients.
+//! - [`balancer`]: endpoint choice (power of two choices over EWMA latency).
+//! - [`identity`]: SVIDs, their renewal, and the TLS configurations of the mesh hop.
+//! - [`metrics`]: Prometheus metrics and health endpoints.
 
 pub mod agent;
+pub mod balancer;
 pub mod capture_set;
+pub mod cluster;
 pub mod cni_server;
+pub mod dataplane;
+pub mod identity;
 pub mod listeners;
+pub mod mesh;
+pub mod metrics;
 pub mod netns;
 pub mod pod_view;
 pub mod registry;

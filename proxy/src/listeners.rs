@@ -1,18 +1,17 @@
-//! The capture listeners of the registered pods, one set per pod, inside its network namespace.
-//!
-//! In this slice a captured connection is forwarded as plain TCP to its original destination,
-//! from inside the pod's namespace with the proxy's socket mark (so the pod's table does not
-//! capture it again). Routing and mTLS replace that forwarding in later slices; the listener
-//! lifecycle and the original-destination recovery stay.
+//! The listeners of the registered pods, one set per pod, inside its network namespace: the
+//! outbound capture listener (where the pod's table redirects route-target connections) and the
+//! inbound mTLS listener. What happens to an accepted connection is the [`Handler`]'s business
+//! (the data plane); this module owns the listeners' lifecycle.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aether_cni::nft::{Families, Family};
+use aether_cni::protocol::PodRef;
+use futures::future::BoxFuture;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -21,9 +20,6 @@ use tracing::{debug, warn};
 
 use crate::netns::{self, NetnsError};
 
-/// Bounds the connection to the original destination; the app's own connect timeout is
-/// usually longer, and a captured connection must not hang forever.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -39,50 +35,47 @@ pub fn capture_addrs(families: Families, port: u16) -> Vec<SocketAddr> {
         .collect()
 }
 
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    /// Not redirected: the app dialled the capture port itself. Forwarding it would connect the
-    /// listener to itself, again and again.
-    #[error("connection to the capture listener {0} itself, not redirected by the capture table")]
-    NotRedirected(SocketAddr),
-}
-
-/// Where a captured connection goes, from the listener's address and the connection's original
-/// destination.
-pub fn upstream(listener: SocketAddr, original_dst: SocketAddr) -> Result<SocketAddr, Refused> {
-    if original_dst == listener {
-        Err(Refused::NotRedirected(listener))
+/// The inbound listener address of a pod: every address of the pod, in one dual-stack socket
+/// when it has IPv6.
+pub fn inbound_addr(families: Families, port: u16) -> SocketAddr {
+    if families.ipv6 {
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
     } else {
-        Ok(original_dst)
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
     }
 }
 
-/// Counters over all pods, for tests and logs now and for metrics later.
-#[derive(Debug, Default)]
-pub struct ForwardStats {
-    accepted: AtomicU64,
-    forwarded: AtomicU64,
-    failed: AtomicU64,
+/// What a listener is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Connections of the pod's apps, redirected by its capture table.
+    Capture,
+    /// mTLS connections of other proxies to the pod.
+    Inbound,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ForwardCounts {
-    /// Connections accepted on a capture listener.
-    pub accepted: u64,
-    /// Of those, connected to their original destination.
-    pub forwarded: u64,
-    /// Of those, refused or not connected.
-    pub failed: u64,
+/// A registered pod, as its connections' handler sees it.
+#[derive(Debug)]
+pub struct PodInfo {
+    /// The container id the pod was registered with.
+    pub key: String,
+    pub pod: PodRef,
+    pub netns: Arc<Path>,
+    pub families: Families,
 }
 
-impl ForwardStats {
-    pub fn counts(&self) -> ForwardCounts {
-        ForwardCounts {
-            accepted: self.accepted.load(Ordering::Relaxed),
-            forwarded: self.forwarded.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-        }
-    }
+/// Serves the connections the listeners accept.
+pub trait Handler: Send + Sync + 'static {
+    fn serve(
+        self: Arc<Self>,
+        role: Role,
+        stream: TcpStream,
+        peer: SocketAddr,
+        pod: Arc<PodInfo>,
+    ) -> BoxFuture<'static, ()>;
+
+    /// The pod's listeners closed for good: forget what is kept for it.
+    fn forget(&self, _pod: &PodInfo) {}
 }
 
 /// How a pod's listeners stop: `None` while they run, then how long their open connections may
@@ -92,78 +85,75 @@ type Stop = Option<Duration>;
 /// The listener tasks of every registered pod, by container id.
 pub struct Listeners {
     runtime: Handle,
-    stats: Arc<ForwardStats>,
+    handler: Arc<dyn Handler>,
     pods: HashMap<String, PodListeners>,
 }
 
 struct PodListeners {
-    netns: Arc<Path>,
-    addrs: Vec<SocketAddr>,
+    info: Arc<PodInfo>,
+    addrs: Vec<(SocketAddr, Role)>,
     stop: watch::Sender<Stop>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Listeners {
     /// Tasks are spawned on `runtime`, so the methods may be called from any thread.
-    pub fn new(runtime: Handle) -> Self {
+    pub fn new(runtime: Handle, handler: Arc<dyn Handler>) -> Self {
         Listeners {
             runtime,
-            stats: Arc::default(),
+            handler,
             pods: HashMap::new(),
         }
     }
 
-    pub fn stats(&self) -> Arc<ForwardStats> {
-        self.stats.clone()
-    }
-
-    /// Makes sure the pod `key` has listeners on exactly `addrs` inside `netns`, all accepting.
+    /// Makes sure the pod `info.key` has listeners on exactly `addrs` inside its netns, all
+    /// accepting.
     /// Returns whether it opened new ones (`false`: they were already there, left untouched, so
     /// a repeated registration does not drop the pod's connections). Different listeners the pod
     /// had are closed first. All or nothing: if one cannot be opened, the pod has none.
     pub fn open(
         &mut self,
-        key: &str,
-        netns: &Path,
-        addrs: &[SocketAddr],
+        info: PodInfo,
+        addrs: &[(SocketAddr, Role)],
     ) -> Result<bool, NetnsError> {
-        let same = |pod: &PodListeners| *pod.netns == *netns && pod.addrs == addrs;
-        if self.pods.get(key).is_some_and(same) && self.is_open(key) {
+        let key = info.key.clone();
+        let same = |pod: &PodListeners| *pod.info.netns == *info.netns && pod.addrs == addrs;
+        if self.pods.get(&key).is_some_and(same) && self.is_open(&key) {
             return Ok(false);
         }
-        self.close(key);
+        self.close(&key);
         let _runtime = self.runtime.enter();
         let mut listeners = Vec::with_capacity(addrs.len());
-        for &addr in addrs {
-            let listener = netns::listen_in(netns, addr)?;
+        for &(addr, role) in addrs {
+            let listener = netns::listen_in(&info.netns, addr)?;
             let listener =
                 TcpListener::from_std(listener).map_err(|source| NetnsError::Listen {
-                    path: netns.to_owned(),
+                    path: info.netns.to_path_buf(),
                     addr,
                     source,
                 })?;
-            listeners.push(listener);
+            listeners.push((listener, role));
         }
         let (stop, stopped) = watch::channel(None);
-        let netns: Arc<Path> = Arc::from(netns);
+        let info = Arc::new(info);
         let tasks = listeners
             .into_iter()
-            .map(|listener| {
+            .map(|(listener, role)| {
                 let pod = PodListener {
-                    pod: key.to_owned(),
-                    netns: netns.clone(),
-                    stats: self.stats.clone(),
+                    role,
+                    info: info.clone(),
+                    handler: self.handler.clone(),
                 };
                 self.runtime.spawn(pod.run(listener, stopped.clone()))
             })
             .collect();
         let pod = PodListeners {
-            netns,
+            info,
             addrs: addrs.to_vec(),
             stop,
             tasks,
         };
-        self.pods.insert(key.to_owned(), pod);
+        self.pods.insert(key, pod);
         Ok(true)
     }
 
@@ -171,6 +161,7 @@ impl Listeners {
     pub fn close(&mut self, key: &str) {
         if let Some(pod) = self.pods.remove(key) {
             pod.stop.send_replace(Some(Duration::ZERO));
+            self.handler.forget(&pod.info);
         }
     }
 
@@ -196,14 +187,13 @@ impl Listeners {
 
 /// One listener's accept loop and the connections it accepted.
 struct PodListener {
-    pod: String,
-    netns: Arc<Path>,
-    stats: Arc<ForwardStats>,
+    role: Role,
+    info: Arc<PodInfo>,
+    handler: Arc<dyn Handler>,
 }
 
 impl PodListener {
     async fn run(self, listener: TcpListener, mut stop: watch::Receiver<Stop>) {
-        let this = Arc::new(self);
         let mut connections = JoinSet::new();
         loop {
             tokio::select! {
@@ -211,11 +201,11 @@ impl PodListener {
                 _ = stop.changed() => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        this.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        connections.spawn(this.clone().forward(stream, peer));
+                        let _ = stream.set_nodelay(true);
+                        connections.spawn(self.handler.clone().serve(self.role, stream, peer, self.info.clone()));
                     }
                     Err(error) => {
-                        warn!(pod = %this.pod, %error, "accepting a captured connection failed");
+                        warn!(pod = %self.info.pod, role = ?self.role, %error, "accepting a connection failed");
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
@@ -229,41 +219,7 @@ impl PodListener {
         })
         .await;
         if drained.is_err() {
-            debug!(pod = %this.pod, open = connections.len(), "cutting connections still open");
-        }
-    }
-
-    async fn forward(self: Arc<Self>, mut inbound: TcpStream, peer: SocketAddr) {
-        match self.connect_upstream(&inbound).await {
-            Ok((to, mut outbound)) => {
-                self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                debug!(pod = %self.pod, %peer, %to, "forwarding a captured connection");
-                if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await
-                {
-                    debug!(pod = %self.pod, %peer, %to, %error, "captured connection ended with an error");
-                }
-            }
-            Err(error) => {
-                self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                warn!(pod = %self.pod, %peer, error = %error, "cannot forward a captured connection");
-            }
-        }
-    }
-
-    async fn connect_upstream(
-        &self,
-        inbound: &TcpStream,
-    ) -> Result<(SocketAddr, TcpStream), String> {
-        let listener = inbound.local_addr().map_err(|e| e.to_string())?;
-        let original = netns::original_dst(inbound)
-            .map_err(|e| format!("no original destination (SO_ORIGINAL_DST): {e}"))?;
-        let to = upstream(listener, original).map_err(|e| e.to_string())?;
-        match tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&self.netns, to)).await {
-            Ok(Ok(outbound)) => Ok((to, outbound)),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "connecting to {to} timed out after {CONNECT_TIMEOUT:?}"
-            )),
+            debug!(pod = %self.info.pod, open = connections.len(), "cutting connections still open");
         }
     }
 }
@@ -294,22 +250,16 @@ mod tests {
     }
 
     #[test]
-    fn redirected_connections_go_to_their_original_destination() {
-        assert_eq!(
-            upstream(addr("127.0.0.1:15001"), addr("10.96.0.10:80")),
-            Ok(addr("10.96.0.10:80"))
-        );
-        assert_eq!(
-            upstream(addr("[::1]:15001"), addr("[fd00::10]:80")),
-            Ok(addr("[fd00::10]:80"))
-        );
-    }
-
-    #[test]
-    fn a_connection_to_the_capture_port_itself_is_refused() {
-        assert_eq!(
-            upstream(addr("127.0.0.1:15001"), addr("127.0.0.1:15001")),
-            Err(Refused::NotRedirected(addr("127.0.0.1:15001")))
-        );
+    fn the_inbound_listener_is_dual_stack_when_the_pod_has_ipv6() {
+        let v4 = Families {
+            ipv4: true,
+            ipv6: false,
+        };
+        assert_eq!(inbound_addr(v4, 15008), addr("0.0.0.0:15008"));
+        let both = Families {
+            ipv4: true,
+            ipv6: true,
+        };
+        assert_eq!(inbound_addr(both, 15008), addr("[::]:15008"));
     }
 }

@@ -1,7 +1,9 @@
 //! aether-proxy, the node proxy. `aether-proxy run` serves the aether-cni plugin and keeps the
 //! capture listeners of this node's meshed pods.
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,29 +13,41 @@ use aether_cni::nft::Nft;
 use aether_cni::protocol::{DEFAULT_SOCKET, PodRef};
 use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
+use aether_proxy::cluster::{self, ClusterView};
 use aether_proxy::cni_server;
+use aether_proxy::dataplane::{DataPlane, Mesh, SnapshotCell};
+use aether_proxy::identity::svid::{self, CaClient};
+use aether_proxy::identity::tls::{Certs, TrustStore};
+use aether_proxy::mesh::Snapshot;
+use aether_proxy::metrics::{self, Metrics};
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 const RUN_HELP: &str = "\
-Serves the aether-cni plugin on --cni-socket, opens the capture listeners of every registered \
-pod inside its network namespace (again after a restart, from the registry in --state-dir), and \
-forwards each captured connection as plain TCP to its original destination.
+Serves the aether-cni plugin on --cni-socket and opens, inside every registered pod's network \
+namespace, the outbound capture listener and the inbound mTLS listener (again after a restart, \
+from the registry in --state-dir).
 
-This build does not watch the cluster yet:
-- the capture set comes from --capture-set (re-read on SIGHUP) or is empty; the operator's \
-NodeConfig is not read;
-- it has no view of namespaces and pods, so it answers the plugin's `add` and `check` with \
-\"not ready\": aether-cni then decides from the API server itself, starts unmeshed pods and \
-fails the ADD of meshed pods (fail closed).
-Routing, mTLS and the inbound port are not built yet.
+With the cluster (the default: in-cluster config or KUBECONFIG): watches this node's NodeConfig, \
+Services, EndpointSlices, Namespaces and this node's Pods; routes each captured request to a \
+route target by its GAMMA route table, over mTLS with the client pod's ServiceAccount SVID \
+(obtained from the operator's certificate authority with --token-file); terminates inbound mTLS \
+and hands requests to the app with the caller's verified SPIFFE ID in x-aether-client-identity; \
+keeps every pod's capture set current, repairs drift, reports the applied config generation, \
+and removes the node's aether.io/agent-not-ready taint once ready.
 
-SIGTERM or SIGINT: stop serving the plugin, close every listener, give open captured connections \
---drain-seconds to finish. The registry stays for the next start.";
+With --capture-set FILE (no cluster): the capture set comes from the file (re-read on SIGHUP) \
+and captured connections pass through as TCP to their original destination.
+
+SIGTERM or SIGINT: stop serving the plugin, close every listener, give open connections \
+--drain-seconds to finish. The registry stays for the next start, unless aether is being \
+uninstalled (the --daemonset is gone): then every pod's table is removed and aether-cni is \
+taken out of the node's CNI configuration.";
 
 #[derive(Parser)]
 #[command(name = "aether-proxy", version, about = "aether's node proxy")]
@@ -44,9 +58,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the CNI plugin and the capture listeners of this node's meshed pods.
+    /// Serve the CNI plugin and the listeners of this node's meshed pods.
     #[command(long_about = RUN_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Args)]
@@ -64,11 +78,42 @@ struct RunArgs {
     /// redirect to.
     #[arg(long, default_value_t = 15001, value_parser = clap::value_parser!(u16).range(1..))]
     capture_port: u16,
-    /// JSON capture set, `{"generation": 1, "targets": ["10.96.0.10:80", "[fd00::10]:80"]}`,
-    /// re-read on SIGHUP. Without it the capture set is empty.
+    /// The inbound mTLS port inside each meshed pod's network namespace.
+    #[arg(long, default_value_t = 15008, value_parser = clap::value_parser!(u16).range(1..))]
+    inbound_port: u16,
+    /// Serves /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:15020")]
+    admin_addr: SocketAddr,
+    /// Run without the cluster: JSON capture set, `{"generation": 1, "targets":
+    /// ["10.96.0.10:80", "[fd00::10]:80"]}`, re-read on SIGHUP.
     #[arg(long)]
     capture_set: Option<PathBuf>,
-    /// How long open captured connections may take to finish after SIGTERM.
+    /// aether's install namespace (trust bundle, certificate authority, DaemonSet).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "aether-system")]
+    namespace: String,
+    /// The proxy's DaemonSet: when it is gone at SIGTERM, aether is being uninstalled.
+    #[arg(long, default_value = "aether-proxy")]
+    daemonset: String,
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// The operator's certificate authority, `host:port`.
+    #[arg(long, default_value = "aether-operator.aether-system.svc:8443")]
+    ca_address: String,
+    /// The proxy's projected ServiceAccount token (audience `aether`).
+    #[arg(long, default_value = "/var/run/secrets/aether/token")]
+    token_file: PathBuf,
+    /// The ConfigMap (in --namespace) with the trust bundle.
+    #[arg(long, default_value = "aether-trust-bundle")]
+    trust_bundle: String,
+    /// How often every captured pod's table and listeners are checked.
+    #[arg(long, default_value_t = 10)]
+    drift_check_seconds: u64,
+    /// The node's CNI directories, cleaned at uninstall.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    cni_bin_dir: PathBuf,
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// How long open connections may take to finish after SIGTERM.
     #[arg(long, default_value_t = 5)]
     drain_seconds: u64,
     /// Run this `nft` program instead of libnftables in-process.
@@ -76,12 +121,12 @@ struct RunArgs {
     nft_path: Option<PathBuf>,
 }
 
-/// Until the proxy watches namespaces and pods, it cannot say whether a pod is meshed.
+/// Without the cluster, the proxy cannot say whether a pod is meshed.
 struct NoClusterView;
 
 impl NoClusterView {
     fn error() -> ViewError {
-        ViewError::NotReady("this aether-proxy does not watch namespaces and pods yet".into())
+        ViewError::NotReady("this aether-proxy runs without the cluster (--capture-set)".into())
     }
 }
 
@@ -107,7 +152,7 @@ fn main() -> ExitCode {
     let Cli {
         command: Command::Run(args),
     } = Cli::parse();
-    match run(args) {
+    match run(*args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -118,33 +163,115 @@ fn main() -> ExitCode {
 
 #[tokio::main]
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    info!(node = %args.node, capture_port = args.capture_port, "starting aether-proxy");
-    let capture = match &args.capture_set {
-        Some(path) => CaptureSet::load(path)?,
-        None => CaptureSet::default(),
-    };
-    let config = AgentConfig {
-        state_dir: args.state_dir.clone(),
-        capture_port: args.capture_port,
-        nft: args
-            .nft_path
-            .clone()
-            .map_or_else(Nft::default, Nft::program),
-    };
+    info!(node = %args.node, capture_port = args.capture_port, inbound_port = args.inbound_port, "starting aether-proxy");
+    let metrics = Arc::new(Metrics::new());
+    let (ready, readiness) = watch::channel(Err("starting".to_string()));
+    let admin = metrics::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
+    tokio::spawn(metrics::serve(admin, metrics.clone(), readiness));
+    let nft = args
+        .nft_path
+        .clone()
+        .map_or_else(Nft::default, Nft::program);
     let runtime = tokio::runtime::Handle::current();
-    // Restoring runs nftables and opens sockets in pods' namespaces: blocking work. It comes
-    // before the socket is bound, so no registration can race it.
-    let agent = tokio::task::spawn_blocking(move || {
-        Agent::start(config, Arc::new(NoClusterView), capture, runtime)
-    })
-    .await
-    .context("starting the agent")??;
-    let agent = Arc::new(agent);
+    let mut cluster = None;
+    let (agent, capture_file) = match &args.capture_set {
+        Some(path) => {
+            let capture = CaptureSet::load(path)?;
+            let config = AgentConfig {
+                state_dir: args.state_dir.clone(),
+                capture_port: args.capture_port,
+                inbound_port: None,
+                nft,
+            };
+            let plane = DataPlane::new(None);
+            (
+                start_agent(config, Arc::new(NoClusterView), capture, runtime, plane).await?,
+                Some(path.clone()),
+            )
+        }
+        None => {
+            let client = kube::Client::try_default()
+                .await
+                .context("cannot reach the API server (in-cluster config or KUBECONFIG)")?;
+            let view = ClusterView::start(&client, &args.node, &args.namespace, &args.trust_bundle);
+            let _ = ready.send(Err("waiting for the watch caches".into()));
+            view.wait_synced().await.map_err(anyhow::Error::msg)?;
+            let trust = TrustStore::new(&args.trust_domain);
+            if let Some(pem) = view.trust_bundle()
+                && let Err(e) = trust.set_bundle(&pem)
+            {
+                error!(error = %e, "the published trust bundle is unusable");
+            }
+            let certs = Certs::new(trust.clone());
+            let cell = Arc::new(SnapshotCell::default());
+            let snapshot = Arc::new(view.snapshot(&Snapshot::default()));
+            cell.store(snapshot.clone());
+            let plane = DataPlane::new(Some(Mesh {
+                snapshot: cell.clone(),
+                certs: certs.clone(),
+                workloads: view.clone(),
+                metrics: metrics.clone(),
+                inbound_port: args.inbound_port,
+            }));
+            let config = AgentConfig {
+                state_dir: args.state_dir.clone(),
+                capture_port: args.capture_port,
+                inbound_port: Some(args.inbound_port),
+                nft,
+            };
+            let agent = start_agent(
+                config,
+                view.clone(),
+                snapshot.capture.clone(),
+                runtime,
+                plane,
+            )
+            .await?;
+            let (wanted, wanted_rx) = watch::channel(BTreeSet::new());
+            let resolver_view = view.clone();
+            let ca = CaClient {
+                address: args.ca_address.clone(),
+                token_file: args.token_file.clone(),
+                trust: trust.clone(),
+                resolve: Arc::new(move |host: &str| {
+                    resolver_view.service_ip(host).or_else(|| {
+                        std::net::ToSocketAddrs::to_socket_addrs(&(host, 0))
+                            .ok()?
+                            .next()
+                            .map(|a| a.ip())
+                    })
+                }),
+            };
+            tokio::spawn(svid::maintain(ca, certs, wanted_rx, metrics.clone()));
+            tokio::spawn(cluster::apply_changes(
+                client.clone(),
+                view.clone(),
+                agent.clone(),
+                cell,
+                trust,
+                wanted,
+                metrics.clone(),
+            ));
+            tokio::spawn(cluster::repair_drift(
+                client.clone(),
+                view,
+                agent.clone(),
+                metrics.clone(),
+                Duration::from_secs(args.drift_check_seconds.max(1)),
+            ));
+            tokio::spawn(cluster::remove_taint(client.clone(), args.node.clone()));
+            cluster = Some(client);
+            (agent, None)
+        }
+    };
     let socket = cni_server::bind(&args.cni_socket)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(cni_server::serve(socket, agent.clone(), async {
         let _ = stopped.await;
     }));
+    let _ = ready.send(Ok(()));
 
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -153,12 +280,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
-            _ = hangup.recv() => reload(&agent, args.capture_set.as_deref()).await,
+            _ = hangup.recv() => reload(&agent, capture_file.as_deref()).await,
         }
     }
     info!("shutting down");
+    let _ = ready.send(Err("shutting down".into()));
     let _ = stop.send(());
     server.await.context("the CNI server")?;
+    if let Some(client) = cluster
+        && cluster::is_uninstalling(client, &args.namespace, &args.daemonset).await
+    {
+        uninstall(&agent, &args).await;
+    }
     agent
         .shutdown(Duration::from_secs(args.drain_seconds))
         .await;
@@ -166,6 +299,53 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Restoring runs nftables and opens sockets in pods' namespaces: blocking work. It comes
+/// before the CNI socket is bound, so no registration can race it.
+async fn start_agent(
+    config: AgentConfig,
+    view: Arc<dyn PodView>,
+    capture: CaptureSet,
+    runtime: tokio::runtime::Handle,
+    plane: Arc<DataPlane>,
+) -> anyhow::Result<Arc<Agent>> {
+    let agent =
+        tokio::task::spawn_blocking(move || Agent::start(config, view, capture, runtime, plane))
+            .await
+            .context("starting the agent")??;
+    Ok(Arc::new(agent))
+}
+
+/// aether is going away: no pod may keep a table that redirects to a proxy that will not come
+/// back, and no new pod may be handed to a plugin that is gone.
+async fn uninstall(agent: &Arc<Agent>, args: &RunArgs) {
+    info!("the DaemonSet is gone: uninstalling aether from this node");
+    let agent = agent.clone();
+    let (bin, conf) = (args.cni_bin_dir.clone(), args.cni_conf_dir.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        let failed = agent.remove_all();
+        (failed, aether_cni::install::uninstall(&bin, &conf))
+    })
+    .await;
+    match done {
+        Ok((failed, cni)) => {
+            for (pod, error) in failed {
+                error!(
+                    container_id = pod,
+                    error, "cannot remove a pod's capture table"
+                );
+            }
+            match cni {
+                Ok(edited) => {
+                    info!(edited = ?edited, "removed aether-cni from the node's CNI configuration")
+                }
+                Err(e) => {
+                    error!(error = %e, "cannot remove aether-cni from the node's CNI configuration")
+                }
+            }
+        }
+        Err(e) => error!(error = %e, "uninstalling failed"),
+    }
+}
 /// SIGHUP: re-read the capture set file and update every registered pod's table.
 async fn reload(agent: &Arc<Agent>, path: Option<&Path>) {
     let Some(path) = path else {

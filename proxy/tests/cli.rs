@@ -18,6 +18,7 @@ fn start(dir: &Path, extra: &[&str]) -> Child {
         .arg(dir.join("cni.sock"))
         .arg("--state-dir")
         .arg(dir.join("state"))
+        .args(["--admin-addr", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -86,7 +87,7 @@ fn serves_the_plugin_reloads_the_capture_set_and_stops_on_sigterm() {
     });
     let error = add.unwrap_err().to_string();
     assert!(
-        error.contains("NotReady") && error.contains("does not watch namespaces and pods yet"),
+        error.contains("NotReady") && error.contains("runs without the cluster"),
         "{error}"
     );
     drop(conn);
@@ -134,7 +135,9 @@ fn bad_settings_fail_at_start_with_a_clear_error() {
 
     std::fs::create_dir_all(dir.path().join("state")).unwrap();
     std::fs::write(dir.path().join("state/registry.json"), "{").unwrap();
-    let mut proxy = start(dir.path(), &[]);
+    let capture = dir.path().join("capture.json");
+    std::fs::write(&capture, r#"{"generation": 1, "targets": []}"#).unwrap();
+    let mut proxy = start(dir.path(), &["--capture-set", capture.to_str().unwrap()]);
     let status = proxy.wait().unwrap();
     let log = stderr_of(&mut proxy);
     assert!(!status.success());

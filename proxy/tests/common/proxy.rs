@@ -12,7 +12,8 @@ use aether_cni::protocol::PodRef;
 use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cni_server;
-use aether_proxy::listeners::ForwardCounts;
+use aether_proxy::dataplane::DataPlane;
+use aether_proxy::dataplane::ForwardCounts;
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -63,6 +64,7 @@ impl TestProxy {
         let config = AgentConfig {
             state_dir: dir.join("state"),
             capture_port: CAPTURE_PORT,
+            inbound_port: None,
             nft: Nft::default(),
         };
         let agent = Arc::new(
@@ -71,6 +73,7 @@ impl TestProxy {
                 Arc::new(FixedView),
                 capture,
                 runtime.handle().clone(),
+                DataPlane::new(None),
             )
             .unwrap(),
         );

@@ -1,0 +1,199 @@
+//! Endpoint choice: power of two choices over a peak-sensitive EWMA of response latency,
+//! weighted by requests in flight (the cost Finagle and linkerd use). Cheap per request, and
+//! it steers away from a slow or overloaded pod without any global coordination.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// How fast old latency observations fade.
+const DECAY: Duration = Duration::from_secs(10);
+/// The latency an endpoint without observations is assumed to have: optimistic, so new pods
+/// get traffic and thus observations.
+const DEFAULT_RTT_NS: u64 = 1_000_000;
+
+/// Latency and load of every endpoint this proxy sends to.
+#[derive(Debug, Default)]
+pub struct Balancer {
+    stats: RwLock<HashMap<SocketAddr, Arc<EndpointStats>>>,
+}
+
+#[derive(Debug)]
+pub struct EndpointStats {
+    ewma_ns: AtomicU64,
+    /// When `ewma_ns` was last updated, in ns since `epoch`.
+    stamp_ns: AtomicU64,
+    in_flight: AtomicU32,
+    epoch: Instant,
+}
+
+impl EndpointStats {
+    fn new() -> Self {
+        EndpointStats {
+            ewma_ns: AtomicU64::new(DEFAULT_RTT_NS),
+            stamp_ns: AtomicU64::new(0),
+            in_flight: AtomicU32::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The cost of sending one more request here.
+    pub fn cost(&self) -> u64 {
+        let in_flight = u64::from(self.in_flight.load(Ordering::Relaxed));
+        self.ewma_ns
+            .load(Ordering::Relaxed)
+            .saturating_mul(in_flight + 1)
+    }
+
+    /// Folds one observed latency in. A latency above the average replaces it at once (peak
+    /// sensitivity); below, it pulls the average down with weight by elapsed time.
+    pub fn observe(&self, latency: Duration) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let sample = latency.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let last = self.stamp_ns.swap(now, Ordering::Relaxed);
+        let old = self.ewma_ns.load(Ordering::Relaxed);
+        let next = if sample > old {
+            sample
+        } else {
+            let elapsed = now.saturating_sub(last) as f64;
+            let weight = (-elapsed / DECAY.as_nanos() as f64).exp();
+            (old as f64 * weight + sample as f64 * (1.0 - weight)) as u64
+        };
+        self.ewma_ns.store(next, Ordering::Relaxed);
+    }
+}
+
+/// A request in flight to an endpoint; observes its latency when finished.
+pub struct InFlight {
+    stats: Arc<EndpointStats>,
+    started: Instant,
+}
+
+impl InFlight {
+    pub fn finish(self) {
+        self.stats.observe(self.started.elapsed());
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Balancer {
+    pub fn stats(&self, addr: SocketAddr) -> Arc<EndpointStats> {
+        if let Some(stats) = self.read().get(&addr) {
+            return stats.clone();
+        }
+        let mut all = self.stats.write().unwrap_or_else(|e| e.into_inner());
+        all.entry(addr)
+            .or_insert_with(|| Arc::new(EndpointStats::new()))
+            .clone()
+    }
+
+    /// Chooses one of `candidates` (by index) with two random draws from `random`.
+    pub fn pick<T>(
+        &self,
+        candidates: &[T],
+        addr: impl Fn(&T) -> SocketAddr,
+        random: u64,
+    ) -> Option<usize> {
+        match candidates.len() {
+            0 => None,
+            1 => Some(0),
+            n => {
+                let (a, b) = two_distinct(n, random);
+                let cost = |i: usize| self.stats(addr(&candidates[i])).cost();
+                Some(if cost(b) < cost(a) { b } else { a })
+            }
+        }
+    }
+
+    /// Marks a request to `addr` as started.
+    pub fn start(&self, addr: SocketAddr) -> InFlight {
+        let stats = self.stats(addr);
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            stats,
+            started: Instant::now(),
+        }
+    }
+
+    /// Forgets endpoints that are no longer anywhere in the mesh.
+    pub fn retain(&self, keep: impl Fn(&SocketAddr) -> bool) {
+        self.stats
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|addr, _| keep(addr));
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<SocketAddr, Arc<EndpointStats>>> {
+        self.stats.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Two different indexes below `n` (n ≥ 2) from one random number.
+fn two_distinct(n: usize, random: u64) -> (usize, usize) {
+    let n = n as u64;
+    let a = random % n;
+    let b = (a + 1 + (random / n) % (n - 1)) % n;
+    (a as usize, b as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(i: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, i], 80))
+    }
+
+    #[test]
+    fn two_draws_are_distinct_and_cover_every_pair() {
+        let mut seen = std::collections::HashSet::new();
+        for random in 0..1_000 {
+            let (a, b) = two_distinct(4, random);
+            assert_ne!(a, b);
+            assert!(a < 4 && b < 4);
+            seen.insert((a, b));
+        }
+        assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn the_slower_endpoint_loses() {
+        let balancer = Balancer::default();
+        balancer.stats(addr(1)).observe(Duration::from_millis(50));
+        balancer.stats(addr(2)).observe(Duration::from_micros(200));
+        let endpoints = [addr(1), addr(2)];
+        for random in 0..100 {
+            assert_eq!(balancer.pick(&endpoints, |a| *a, random), Some(1));
+        }
+    }
+
+    #[test]
+    fn requests_in_flight_add_cost_until_finished() {
+        let balancer = Balancer::default();
+        let endpoints = [addr(1), addr(2)];
+        let busy: Vec<_> = (0..3).map(|_| balancer.start(addr(1))).collect();
+        assert_eq!(balancer.pick(&endpoints, |a| *a, 0), Some(1));
+        drop(busy);
+        assert_eq!(balancer.stats(addr(1)).in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(balancer.pick(&[addr(3)], |a| *a, 7), Some(0));
+        assert_eq!(balancer.pick::<SocketAddr>(&[], |a| *a, 7), None);
+    }
+
+    #[test]
+    fn a_peak_is_taken_at_once_and_fades() {
+        let stats = EndpointStats::new();
+        stats.observe(Duration::from_millis(100));
+        assert_eq!(stats.ewma_ns.load(Ordering::Relaxed), 100_000_000);
+        std::thread::sleep(Duration::from_millis(20));
+        stats.observe(Duration::from_millis(1));
+        let after = stats.ewma_ns.load(Ordering::Relaxed);
+        assert!(after < 100_000_000 && after > 1_000_000, "{after}");
+    }
+}

@@ -1,0 +1,429 @@
+//! The proxy's watches of the cluster, and the loops that turn what they see into the data
+//! plane's snapshot, the pods' capture sets, the wanted SVIDs, the NodeConfig's status, the
+//! node's readiness taint and drift repairs.
+//!
+//! Everything read here is cached: if the API server goes away, the proxy keeps serving the
+//! last snapshot it built.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use aether_cni::protocol::PodRef;
+use aether_crds::NodeConfig;
+use aether_crds::well_known::AGENT_NOT_READY_TAINT;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+use tracing::{info, warn};
+
+use crate::agent::Agent;
+use crate::dataplane::{SnapshotCell, Workloads};
+use crate::identity::ServiceAccount;
+use crate::identity::tls::TrustStore;
+use crate::mesh::{Inputs, Snapshot};
+use crate::metrics::Metrics;
+use crate::pod_view::{Labels, PodView, ViewError};
+
+/// Changes arriving together are applied together.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// The key of the trust bundle in its ConfigMap.
+const BUNDLE_KEY: &str = "ca.crt";
+/// The field manager of the proxy's writes.
+const MANAGER: &str = "aether-proxy";
+
+/// Caches of what this node's proxy needs to know.
+pub struct ClusterView {
+    namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    node_configs: Store<NodeConfig>,
+    bundles: Store<ConfigMap>,
+    node: String,
+    install_namespace: String,
+    bundle_name: String,
+    synced: AtomicBool,
+    pub changed: Arc<Notify>,
+}
+
+fn watch<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(error) = event {
+                warn!(kind = std::any::type_name::<K>(), error = %error, "watch failed; serving the last known state and retrying");
+            }
+            changed.notify_one();
+        }
+    });
+    store
+}
+
+impl ClusterView {
+    /// Starts the watches. `install_namespace` holds the trust bundle ConfigMap `bundle_name`.
+    pub fn start(
+        client: &kube::Client,
+        node: &str,
+        install_namespace: &str,
+        bundle_name: &str,
+    ) -> Arc<Self> {
+        let changed = Arc::new(Notify::new());
+        let all = watcher::Config::default;
+        let by_name =
+            |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+        Arc::new(ClusterView {
+            namespaces: watch(Api::all(client.clone()), all(), changed.clone()),
+            pods: watch(
+                Api::all(client.clone()),
+                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+                changed.clone(),
+            ),
+            services: watch(Api::all(client.clone()), all(), changed.clone()),
+            slices: watch(Api::all(client.clone()), all(), changed.clone()),
+            node_configs: watch(Api::all(client.clone()), by_name(node), changed.clone()),
+            bundles: watch(
+                Api::namespaced(client.clone(), install_namespace),
+                by_name(bundle_name),
+                changed.clone(),
+            ),
+            node: node.to_owned(),
+            install_namespace: install_namespace.to_owned(),
+            bundle_name: bundle_name.to_owned(),
+            synced: AtomicBool::new(false),
+            changed,
+        })
+    }
+
+    /// Waits until every cache holds a first full list.
+    pub async fn wait_synced(&self) -> Result<(), String> {
+        let results = [
+            self.namespaces.wait_until_ready().await.is_ok(),
+            self.pods.wait_until_ready().await.is_ok(),
+            self.services.wait_until_ready().await.is_ok(),
+            self.slices.wait_until_ready().await.is_ok(),
+            self.node_configs.wait_until_ready().await.is_ok(),
+            self.bundles.wait_until_ready().await.is_ok(),
+        ];
+        if results.iter().all(|ok| *ok) {
+            self.synced.store(true, Ordering::Release);
+            Ok(())
+        } else {
+            Err("a watch cache was dropped before it was filled".into())
+        }
+    }
+
+    fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Builds a snapshot of the current caches.
+    pub fn snapshot(&self, previous: &Snapshot) -> Snapshot {
+        let config = self.node_configs.get(&ObjectRef::new(&self.node));
+        let services = self.services.state();
+        let slices = self.slices.state();
+        let namespaces = self.namespaces.state();
+        Snapshot::build(
+            &Inputs {
+                node_config: config
+                    .as_ref()
+                    .map(|c| (c.metadata.generation.unwrap_or_default(), &c.spec)),
+                services: &services,
+                slices: &slices,
+                namespaces: &namespaces,
+            },
+            previous,
+        )
+    }
+
+    pub fn trust_bundle(&self) -> Option<String> {
+        let object = ObjectRef::new(&self.bundle_name).within(&self.install_namespace);
+        self.bundles
+            .get(&object)?
+            .data
+            .as_ref()?
+            .get(BUNDLE_KEY)
+            .cloned()
+    }
+
+    /// ServiceAccounts of this node's meshed pods: those that need an SVID.
+    pub fn wanted_service_accounts(&self) -> BTreeSet<ServiceAccount> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|pod| !is_host_network(pod) && !is_finished(pod))
+            .filter(|pod| {
+                let pod_ref = PodRef {
+                    namespace: pod.namespace().unwrap_or_default(),
+                    name: pod.name_any(),
+                    uid: None,
+                };
+                matches!(
+                    crate::pod_view::meshing(self, &pod_ref),
+                    Ok(aether_cni::decision::Meshing::Meshed)
+                )
+            })
+            .map(|pod| service_account_of(pod))
+            .collect()
+    }
+
+    /// The ClusterIP of `host` when it names a Service (`name.namespace.svc[.domain]`).
+    pub fn service_ip(&self, host: &str) -> Option<IpAddr> {
+        let mut parts = host.split('.');
+        let (name, namespace) = (parts.next()?, parts.next()?);
+        if parts.next() != Some("svc") {
+            return None;
+        }
+        let service = self.services.get(&ObjectRef::new(name).within(namespace))?;
+        service.spec.as_ref()?.cluster_ip.as_ref()?.parse().ok()
+    }
+
+    fn pod(&self, pod: &PodRef) -> Option<Arc<Pod>> {
+        self.pods
+            .get(&ObjectRef::new(&pod.name).within(&pod.namespace))
+    }
+}
+
+fn is_host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn service_account_of(pod: &Pod) -> ServiceAccount {
+    let name = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    ServiceAccount::new(pod.namespace().unwrap_or_default(), name)
+}
+
+impl PodView for ClusterView {
+    fn namespace_labels(&self, namespace: &str) -> Result<Labels, ViewError> {
+        if !self.is_synced() {
+            return Err(ViewError::NotReady("the watch caches are filling".into()));
+        }
+        let ns = self
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .ok_or_else(|| ViewError::UnknownNamespace(namespace.to_owned()))?;
+        Ok(ns.labels().clone())
+    }
+
+    fn pod_annotations(&self, pod: &PodRef) -> Result<Labels, ViewError> {
+        if !self.is_synced() {
+            return Err(ViewError::NotReady("the watch caches are filling".into()));
+        }
+        let found = self
+            .pod(pod)
+            .ok_or_else(|| ViewError::UnknownPod(pod.clone()))?;
+        Ok(found.annotations().clone())
+    }
+}
+
+impl Workloads for ClusterView {
+    fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount> {
+        self.pod(pod).map(|p| service_account_of(&p))
+    }
+}
+
+/// Rebuilds the snapshot after every change, brings the pods' tables to its capture set,
+/// reports the applied generation on the NodeConfig, keeps the trust bundle and the wanted
+/// SVIDs current. Runs forever.
+pub async fn apply_changes(
+    client: kube::Client,
+    view: Arc<ClusterView>,
+    agent: Arc<Agent>,
+    cell: Arc<SnapshotCell>,
+    trust: Arc<TrustStore>,
+    wanted: watch::Sender<BTreeSet<ServiceAccount>>,
+    metrics: Arc<Metrics>,
+) {
+    let configs: Api<NodeConfig> = Api::all(client);
+    let mut reported: Option<i64> = None;
+    loop {
+        let previous = cell.load();
+        let snapshot = Arc::new(view.snapshot(&previous));
+        cell.store(snapshot.clone());
+        if let Some(pem) = view.trust_bundle() {
+            match trust.set_bundle(&pem) {
+                Ok(true) => info!("loaded a new trust bundle"),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "ignoring the published trust bundle"),
+            }
+        }
+        wanted.send_if_modified(|current| {
+            let next = view.wanted_service_accounts();
+            let changed = *current != next;
+            *current = next;
+            changed
+        });
+        let capture = snapshot.capture.clone();
+        let generation = snapshot.generation;
+        let agent_ = agent.clone();
+        let applied =
+            match tokio::task::spawn_blocking(move || agent_.update_capture_set(capture)).await {
+                Ok(update) => update.failed.is_empty(),
+                Err(e) => {
+                    warn!(error = %e, "updating the pods' capture sets failed");
+                    false
+                }
+            };
+        metrics.captured_pods.set(agent.registered().len() as i64);
+        if let Some(generation) = generation
+            && applied
+            && reported != Some(generation)
+        {
+            metrics.config_generation.set(generation);
+            let status = serde_json::json!({"status": {"appliedGeneration": generation}});
+            match configs
+                .patch_status(&view.node, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                Ok(_) => {
+                    info!(generation, "applied the node's config");
+                    reported = Some(generation);
+                }
+                Err(e) => {
+                    warn!(generation, error = %e, "cannot report the applied config generation")
+                }
+            }
+        }
+        view.changed.notified().await;
+        tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+/// Removes the node's `aether.io/agent-not-ready` taint (pods may schedule here now: the
+/// proxy can capture them). Retries until it is gone.
+pub async fn remove_taint(client: kube::Client, node: String) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match remove_taint_once(&nodes, &node).await {
+            Ok(true) => {
+                return info!(
+                    node,
+                    taint = AGENT_NOT_READY_TAINT,
+                    "removed the node taint"
+                );
+            }
+            Ok(false) => return,
+            Err(e) => warn!(node, error = %e, "cannot remove the node taint; retrying"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+async fn remove_taint_once(nodes: &Api<Node>, name: &str) -> kube::Result<bool> {
+    let node = nodes.get(name).await?;
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let kept: Vec<_> = taints
+        .iter()
+        .filter(|t| t.key != AGENT_NOT_READY_TAINT)
+        .cloned()
+        .collect();
+    if kept.len() == taints.len() {
+        return Ok(false);
+    }
+    // The resourceVersion makes this a compare-and-swap: a concurrent taint change fails it.
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": node.metadata.resource_version},
+        "spec": {"taints": kept},
+    });
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(true)
+}
+
+/// Checks every captured pod every `period`, repairs drift, counts it and reports it as an
+/// Event on the pod.
+pub async fn repair_drift(
+    client: kube::Client,
+    view: Arc<ClusterView>,
+    agent: Arc<Agent>,
+    metrics: Arc<Metrics>,
+    period: Duration,
+) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: MANAGER.into(),
+            instance: Some(view.node.clone()),
+        },
+    );
+    loop {
+        tokio::time::sleep(period).await;
+        let agent = agent.clone();
+        let Ok(repairs) = tokio::task::spawn_blocking(move || agent.repair_drift()).await else {
+            continue;
+        };
+        for repair in repairs {
+            metrics.drift_repaired(repair.what.as_str());
+            let Some(pod) = view.pod(&repair.pod) else {
+                continue;
+            };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "CaptureRepaired".into(),
+                note: Some(format!(
+                    "aether-proxy on {} repaired the pod's capture {}: {}",
+                    view.node,
+                    repair.what.as_str(),
+                    repair.detail
+                )),
+                action: "Repair".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
+                warn!(error = %e, "cannot publish a drift Event");
+            }
+        }
+    }
+}
+
+/// Whether the proxy is stopping because aether is being uninstalled: its DaemonSet is gone or
+/// being deleted. Unknown (API server unreachable) counts as not: a restart must keep capture.
+pub async fn is_uninstalling(client: kube::Client, namespace: &str, daemonset: &str) -> bool {
+    let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client, namespace);
+    match tokio::time::timeout(Duration::from_secs(5), api.get_opt(daemonset)).await {
+        Ok(Ok(None)) => true,
+        Ok(Ok(Some(ds))) => ds.metadata.deletion_timestamp.is_some(),
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot tell an uninstall from a restart; keeping capture");
+            false
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,250 @@
+//! Connections made from inside a local pod's network namespace (with the proxy's socket
+//! mark, so the pod's table lets them through), pooled per pod:
+//! - plain HTTP/1.1 and HTTP/2 (h2c) to unmeshed endpoints, and to the pod's own apps on the
+//!   inbound side;
+//! - HTTP/2 over mTLS to other pods' inbound ports, one multiplexed connection per peer
+//!   endpoint and local ServiceAccount.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
+use hyper::{Request, Response, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tracing::debug;
+
+use super::http::Body;
+use crate::identity::ServiceAccount;
+use crate::identity::tls::{TrustStore, peer_service_account};
+use crate::netns::{self, NetnsError};
+
+/// Bounds connecting to a peer; past it the request fails with 503.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Idle pooled connections to apps and unmeshed endpoints close after this.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {to}: {reason}")]
+    Connect { to: SocketAddr, reason: String },
+    #[error("mTLS handshake with {to} failed: {reason}")]
+    Handshake { to: SocketAddr, reason: String },
+    #[error("{to} presented no identity of the mesh")]
+    NoPeerIdentity { to: SocketAddr },
+    #[error("request to {to} failed: {reason}")]
+    Request { to: String, reason: String },
+}
+
+/// Creates TCP connections inside one network namespace, for hyper's pooled client.
+#[derive(Clone)]
+pub struct NetnsConnector {
+    netns: Arc<Path>,
+}
+
+impl tower_service::Service<Uri> for NetnsConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = NetnsError;
+    type Future = BoxFuture<'static, Result<Self::Response, NetnsError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let netns = self.netns.clone();
+        Box::pin(async move {
+            let to = uri_addr(&uri).ok_or_else(|| NetnsError::Connect {
+                path: netns.to_path_buf(),
+                to: SocketAddr::from(([0, 0, 0, 0], 0)),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{uri} does not name an IP address and port"),
+                ),
+            })?;
+            connect(&netns, to).await.map(TokioIo::new)
+        })
+    }
+}
+
+/// The socket address of an `http://<ip>:<port>` URI.
+fn uri_addr(uri: &Uri) -> Option<SocketAddr> {
+    let authority = uri.authority()?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    Some(SocketAddr::new(host.parse().ok()?, authority.port_u16()?))
+}
+
+async fn connect(netns: &Path, to: SocketAddr) -> Result<TcpStream, NetnsError> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(netns, to))
+        .await
+        .map_err(|_| NetnsError::Connect {
+            path: netns.to_owned(),
+            to,
+            source: std::io::ErrorKind::TimedOut.into(),
+        })??;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// A pooled HTTP/2 connection over mTLS to another proxy, and who it proved to be.
+#[derive(Clone)]
+pub struct MeshConn {
+    send: http2::SendRequest<Body>,
+    pub peer: ServiceAccount,
+}
+
+impl MeshConn {
+    pub async fn send(&mut self, request: Request<Body>) -> hyper::Result<Response<Incoming>> {
+        self.send.ready().await?;
+        self.send.send_request(request).await
+    }
+}
+
+pub struct PodClients {
+    netns: Arc<Path>,
+    h1: Client<NetnsConnector, Body>,
+    h2c: Client<NetnsConnector, Body>,
+    mesh: tokio::sync::Mutex<HashMap<(ServiceAccount, SocketAddr), MeshConn>>,
+}
+
+impl PodClients {
+    pub fn new(netns: Arc<Path>) -> Self {
+        let connector = NetnsConnector {
+            netns: netns.clone(),
+        };
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new());
+        let h1 = builder.build(connector.clone());
+        let h2c = builder.http2_only(true).build(connector);
+        PodClients {
+            netns,
+            h1,
+            h2c,
+            mesh: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// Sends a plain HTTP request; its URI must be `http://<ip>:<port>/...`.
+    pub async fn plain(
+        &self,
+        request: Request<Body>,
+        http2: bool,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let to = request.uri().to_string();
+        let client = if http2 { &self.h2c } else { &self.h1 };
+        client
+            .request(request)
+            .await
+            .map_err(|e| ClientError::Request {
+                to,
+                reason: error_chain(&e),
+            })
+    }
+
+    /// A mesh connection from `source`'s pods to `to`, reused while it lives.
+    pub async fn mesh(
+        &self,
+        source: &ServiceAccount,
+        config: Arc<ClientConfig>,
+        trust: &TrustStore,
+        to: SocketAddr,
+    ) -> Result<MeshConn, ClientError> {
+        let key = (source.clone(), to);
+        if let Some(conn) = self.mesh.lock().await.get(&key)
+            && !conn.send.is_closed()
+        {
+            return Ok(conn.clone());
+        }
+        let conn = self.connect_mesh(config, trust, to).await?;
+        self.mesh.lock().await.insert(key, conn.clone());
+        Ok(conn)
+    }
+
+    async fn connect_mesh(
+        &self,
+        config: Arc<ClientConfig>,
+        trust: &TrustStore,
+        to: SocketAddr,
+    ) -> Result<MeshConn, ClientError> {
+        let tcp = connect(&self.netns, to)
+            .await
+            .map_err(|e| ClientError::Connect {
+                to,
+                reason: e.to_string(),
+            })?;
+        let handshake = tokio_rustls::TlsConnector::from(config)
+            .connect(ServerName::IpAddress(to.ip().into()), tcp);
+        let tls = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+            .await
+            .map_err(|_| ClientError::Handshake {
+                to,
+                reason: format!("no answer within {CONNECT_TIMEOUT:?}"),
+            })?
+            .map_err(|e| ClientError::Handshake {
+                to,
+                reason: e.to_string(),
+            })?;
+        let peer = peer_service_account(trust, tls.get_ref().1.peer_certificates())
+            .ok_or(ClientError::NoPeerIdentity { to })?;
+        let (send, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(30))
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| ClientError::Handshake {
+                to,
+                reason: e.to_string(),
+            })?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(%to, error = %e, "mesh connection ended");
+            }
+        });
+        Ok(MeshConn { send, peer })
+    }
+}
+
+/// An error with its causes, for messages a user reads.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_name_socket_addresses() {
+        assert_eq!(
+            uri_addr(&Uri::from_static("http://10.0.0.1:8080/x")),
+            Some("10.0.0.1:8080".parse().unwrap())
+        );
+        assert_eq!(
+            uri_addr(&Uri::from_static("http://[fd00::1]:80/")),
+            Some("[fd00::1]:80".parse().unwrap())
+        );
+        assert_eq!(uri_addr(&Uri::from_static("http://echo:80/")), None);
+        assert_eq!(uri_addr(&Uri::from_static("/x")), None);
+    }
+}

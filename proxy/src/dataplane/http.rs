@@ -1,0 +1,167 @@
+//! HTTP plumbing shared by both directions: the body type, answers the proxy makes itself,
+//! hop-by-hop headers, and the internal header between the two proxies of a mesh hop.
+
+use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use ::http::{Response, StatusCode, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// From the outbound proxy to the inbound one: the app port and HTTP version the request is
+/// for, `<port> <h1|h2>`. Removed before the request reaches the app.
+pub const FORWARD_HEADER: &str = "x-aether-forward";
+
+/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+pub fn incoming(body: Incoming) -> Body {
+    body.map_err(BoxError::from).boxed()
+}
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An answer of the proxy itself (no backend involved), with the reason in the body.
+pub fn answer(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    let mut text = message.into();
+    text.push('\n');
+    let mut response = Response::new(full(text));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names. `te: trailers`
+/// stays: gRPC needs it end to end.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    let keep_te = headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if keep_te {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// The request's authority: the URI's (HTTP/2, absolute form) or the Host header's.
+pub fn authority(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
+        headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+    })
+}
+
+/// `http://<authority><path?query>`: the form hyper's clients send from.
+pub fn absolute_uri(authority: &str, path_and_query: Option<&str>) -> Result<Uri, ::http::Error> {
+    Uri::builder()
+        .scheme("http")
+        .authority(authority)
+        .path_and_query(path_and_query.unwrap_or("/"))
+        .build()
+}
+
+/// The value of [`FORWARD_HEADER`].
+pub fn forward_value(port: u16, version: Version) -> HeaderValue {
+    let proto = if version == Version::HTTP_2 {
+        "h2"
+    } else {
+        "h1"
+    };
+    HeaderValue::from_str(&format!("{port} {proto}")).expect("digits and letters")
+}
+
+/// Parses [`FORWARD_HEADER`]: the app port and whether the app speaks HTTP/2.
+pub fn parse_forward(value: &HeaderValue) -> Option<(u16, bool)> {
+    let (port, proto) = value.to_str().ok()?.split_once(' ')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    match proto {
+        "h1" => Some((port, false)),
+        "h2" => Some((port, true)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_and_te_trailers_stays() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("close, x-private"));
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        let mut names: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["te", "x-kept"]);
+
+        let mut headers = HeaderMap::new();
+        headers.insert("te", HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut headers);
+        assert!(headers.is_empty());
+    }
+
+    #[test]
+    fn the_forward_header_round_trips_and_refuses_nonsense() {
+        let v = forward_value(8080, Version::HTTP_11);
+        assert_eq!(parse_forward(&v), Some((8080, false)));
+        assert_eq!(
+            parse_forward(&forward_value(9000, Version::HTTP_2)),
+            Some((9000, true))
+        );
+        for bad in ["", "8080", "0 h1", "70000 h1", "8080 h3", "x h1"] {
+            assert_eq!(parse_forward(&HeaderValue::from_static(bad)), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn authority_prefers_the_uri() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", HeaderValue::from_static("echo"));
+        assert_eq!(
+            authority(&Uri::from_static("/x"), &headers).as_deref(),
+            Some("echo")
+        );
+        let uri = Uri::from_static("http://echo.shop:80/x");
+        assert_eq!(authority(&uri, &headers).as_deref(), Some("echo.shop:80"));
+        assert_eq!(
+            absolute_uri("echo", Some("/a?b=1")).unwrap(),
+            Uri::from_static("http://echo/a?b=1")
+        );
+    }
+}

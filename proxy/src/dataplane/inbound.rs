@@ -1,0 +1,154 @@
+//! mTLS connections of other proxies to a local pod: the pod presents its ServiceAccount's
+//! SVID, the caller must present one of the mesh; each request goes to the app on the pod's
+//! loopback with the caller's verified identity in [`CLIENT_IDENTITY_HEADER`].
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::http::header::{self, HeaderValue};
+use ::http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+
+use super::http::{
+    self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, parse_forward,
+};
+use super::{CLIENT_IDENTITY_HEADER, DataPlane};
+use crate::identity::tls::peer_service_account;
+use crate::listeners::PodInfo;
+use crate::metrics::RequestLabels;
+
+/// Bounds the TLS handshake of a connecting peer.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
+    let Some(mesh) = &plane.mesh else {
+        return;
+    };
+    let Some(sa) = mesh.workloads.service_account(&pod.pod) else {
+        warn!(pod = %pod.pod, %peer, "inbound connection refused: the pod's ServiceAccount is not known yet");
+        return;
+    };
+    if !mesh.certs.has(&sa) {
+        warn!(pod = %pod.pod, %peer, service_account = %sa, "inbound connection refused: no SVID yet");
+        return;
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(mesh.certs.server_config(&sa));
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            mesh.metrics.handshake("server", false);
+            warn!(pod = %pod.pod, %peer, error = %e, "inbound mTLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            mesh.metrics.handshake("server", false);
+            warn!(pod = %pod.pod, %peer, "inbound mTLS handshake timed out");
+            return;
+        }
+    };
+    mesh.metrics.handshake("server", true);
+    let trust = mesh.certs.trust();
+    let Some(client) = peer_service_account(trust, tls.get_ref().1.peer_certificates()) else {
+        return;
+    };
+    let identity = match HeaderValue::from_str(&client.spiffe_id(trust.trust_domain())) {
+        Ok(value) => value,
+        Err(_) => return,
+    };
+    let app = Arc::new(App {
+        plane: plane.clone(),
+        pod,
+        identity,
+    });
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let app = app.clone();
+        async move { Ok::<_, std::convert::Infallible>(app.handle(request).await) }
+    });
+    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+    if let Err(e) = served {
+        debug!(%peer, error = %e, "inbound mesh connection ended with an error");
+    }
+}
+
+struct App {
+    plane: Arc<DataPlane>,
+    pod: Arc<PodInfo>,
+    identity: HeaderValue,
+}
+
+impl App {
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let started = Instant::now();
+        let response = self.forward(request).await;
+        if let Some(mesh) = &self.plane.mesh {
+            mesh.metrics.request(
+                RequestLabels {
+                    direction: "inbound",
+                    target: String::new(),
+                    route: String::new(),
+                    backend: format!("{}/{}", self.pod.pod.namespace, self.pod.pod.name),
+                    status: response.status().as_u16(),
+                },
+                started.elapsed(),
+            );
+        }
+        response
+    }
+
+    async fn forward(&self, request: Request<Incoming>) -> Response<Body> {
+        let (mut parts, body) = request.into_parts();
+        let Some((port, http2)) = parts.headers.get(FORWARD_HEADER).and_then(parse_forward) else {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                format!("mesh request without a valid {FORWARD_HEADER} header"),
+            );
+        };
+        parts.headers.remove(FORWARD_HEADER);
+        // Whatever the caller claimed, the app sees only what mTLS proved.
+        parts.headers.remove(CLIENT_IDENTITY_HEADER);
+        parts
+            .headers
+            .insert(CLIENT_IDENTITY_HEADER, self.identity.clone());
+        if let Some(host) = authority(&parts.uri, &parts.headers)
+            && !parts.headers.contains_key(header::HOST)
+            && let Ok(value) = HeaderValue::from_str(&host)
+        {
+            parts.headers.insert(header::HOST, value);
+        }
+        let app = if self.pod.families.ipv4 {
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+        } else {
+            SocketAddr::from((Ipv6Addr::LOCALHOST, port))
+        };
+        parts.uri = match absolute_uri(
+            &app.to_string(),
+            parts.uri.path_and_query().map(|p| p.as_str()),
+        ) {
+            Ok(uri) => uri,
+            Err(e) => return answer(StatusCode::BAD_REQUEST, e.to_string()),
+        };
+        parts.version = if http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let clients = self.plane.clients(&self.pod.netns);
+        match clients
+            .plain(Request::from_parts(parts, h::incoming(body)), http2)
+            .await
+        {
+            Ok(response) => response.map(h::incoming),
+            Err(e) => {
+                warn!(pod = %self.pod.pod, error = %e, "the app did not answer a mesh request");
+                answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The data plane: what happens to a connection a pod's listener accepted.
+//!
+//! - [`outbound`]: a captured connection of a local pod. To a route target whose table this
+//!   node holds, it is HTTP (1.1 or 2) routed per request; anything else passes through as TCP
+//!   to its original destination.
+//! - [`inbound`]: an mTLS connection of another proxy to a local pod, forwarded to the app on
+//!   the pod's loopback with the verified client identity.
+//! - [`clients`]: connections made from inside a pod's network namespace, pooled: plain
+//!   HTTP to unmeshed endpoints and apps, HTTP/2 over mTLS between proxies.
+
+pub mod clients;
+pub mod http;
+pub mod inbound;
+pub mod outbound;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use aether_cni::protocol::PodRef;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::net::TcpStream;
+
+use crate::balancer::Balancer;
+use crate::identity::ServiceAccount;
+use crate::identity::tls::Certs;
+use crate::listeners::{Handler, PodInfo, Role};
+use crate::mesh::Snapshot;
+use crate::metrics::Metrics;
+use clients::PodClients;
+
+/// The header through which the inbound side tells the app who called: the caller's SPIFFE ID,
+/// verified by mTLS. Any copy a client sends is removed first, so only aether sets it.
+pub const CLIENT_IDENTITY_HEADER: &str = "x-aether-client-identity";
+
+/// Who a local pod is, for the mesh: its ServiceAccount comes from the cluster.
+pub trait Workloads: Send + Sync {
+    fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount>;
+}
+
+/// The current snapshot, swapped whole when the cluster changes.
+#[derive(Debug, Default)]
+pub struct SnapshotCell(RwLock<Arc<Snapshot>>);
+
+impl SnapshotCell {
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn store(&self, snapshot: Arc<Snapshot>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = snapshot;
+    }
+}
+
+/// Counters of captured connections, for tests and logs.
+#[derive(Debug, Default)]
+pub struct ForwardStats {
+    accepted: AtomicU64,
+    forwarded: AtomicU64,
+    failed: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardCounts {
+    /// Connections accepted on a capture listener.
+    pub accepted: u64,
+    /// Of those, passed through or served as HTTP.
+    pub forwarded: u64,
+    /// Of those, refused or not connected.
+    pub failed: u64,
+}
+
+impl ForwardStats {
+    pub fn counts(&self) -> ForwardCounts {
+        ForwardCounts {
+            accepted: self.accepted.load(Ordering::Relaxed),
+            forwarded: self.forwarded.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the mesh part of the data plane needs (absent when the proxy runs without a cluster:
+/// then captured connections only pass through).
+pub struct Mesh {
+    pub snapshot: Arc<SnapshotCell>,
+    pub certs: Arc<Certs>,
+    pub workloads: Arc<dyn Workloads>,
+    pub metrics: Arc<Metrics>,
+    /// The inbound mTLS port of every meshed pod.
+    pub inbound_port: u16,
+}
+
+pub struct DataPlane {
+    mesh: Option<Mesh>,
+    balancer: Balancer,
+    stats: ForwardStats,
+    /// Connections made from each local pod, by its network namespace.
+    clients: Mutex<HashMap<Arc<Path>, Arc<PodClients>>>,
+}
+
+impl DataPlane {
+    pub fn new(mesh: Option<Mesh>) -> Arc<Self> {
+        Arc::new(DataPlane {
+            mesh,
+            balancer: Balancer::default(),
+            stats: ForwardStats::default(),
+            clients: Mutex::default(),
+        })
+    }
+
+    pub fn counts(&self) -> ForwardCounts {
+        self.stats.counts()
+    }
+
+    fn clients(&self, netns: &Arc<Path>) -> Arc<PodClients> {
+        let mut all = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry(netns.clone())
+            .or_insert_with(|| Arc::new(PodClients::new(netns.clone())))
+            .clone()
+    }
+}
+
+impl Handler for DataPlane {
+    fn serve(
+        self: Arc<Self>,
+        role: Role,
+        stream: TcpStream,
+        peer: SocketAddr,
+        pod: Arc<PodInfo>,
+    ) -> BoxFuture<'static, ()> {
+        match role {
+            Role::Capture => {
+                self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                outbound::serve(self, stream, peer, pod).boxed()
+            }
+            Role::Inbound => inbound::serve(self, stream, peer, pod).boxed(),
+        }
+    }
+
+    fn forget(&self, pod: &PodInfo) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pod.netns);
+    }
+}

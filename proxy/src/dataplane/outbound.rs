@@ -1,0 +1,481 @@
+//! Captured connections of local pods. A connection to a route target whose table this node
+//! holds is served as HTTP (1.1 or 2, detected per connection) and routed per request; any
+//! other captured connection passes through unchanged to its original destination.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ::http::header::{self, HeaderValue};
+use ::http::{Request, Response, StatusCode, Version};
+use aether_routing::table::ServiceRef;
+use aether_routing::{Outcome, RequestView};
+use http_body_util::BodyExt;
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+
+use super::clients::CONNECT_TIMEOUT;
+use super::http::{
+    self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, forward_value,
+    strip_hop_by_hop,
+};
+use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
+use crate::listeners::PodInfo;
+use crate::mesh::{ServiceKey, Snapshot};
+use crate::metrics::RequestLabels;
+use crate::netns;
+
+/// Largest request body copied for mirrors; a larger one is sent on without its mirrors.
+const MIRROR_BODY_LIMIT: usize = 1 << 20;
+
+pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
+    let listener = match stream.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => return plane.refuse(&pod, peer, format!("no local address: {e}")),
+    };
+    let original = match netns::original_dst(&stream) {
+        Ok(addr) => addr,
+        Err(e) => {
+            return plane.refuse(
+                &pod,
+                peer,
+                format!("no original destination (SO_ORIGINAL_DST): {e}"),
+            );
+        }
+    };
+    if original == listener {
+        // The app dialled the capture port itself; forwarding would loop into the listener.
+        return plane.refuse(
+            &pod,
+            peer,
+            format!("connection to the capture listener {listener} itself"),
+        );
+    }
+    let target = plane.mesh.as_ref().and_then(|mesh| {
+        let snapshot = mesh.snapshot.load();
+        let key = snapshot.captured.get(&original)?.clone();
+        snapshot.targets.contains_key(&key).then_some(key)
+    });
+    match (target, &plane.mesh) {
+        (Some(target), Some(_)) => {
+            plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            serve_http(plane.clone(), stream, pod, target, original.port()).await;
+        }
+        _ => pass_through(&plane, stream, peer, &pod, original).await,
+    }
+}
+
+impl DataPlane {
+    fn refuse(&self, pod: &PodInfo, peer: SocketAddr, why: String) {
+        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        warn!(pod = %pod.pod, %peer, reason = %why, "refused a captured connection");
+    }
+}
+
+/// TCP to the original destination, from the pod's namespace with the proxy's mark.
+async fn pass_through(
+    plane: &DataPlane,
+    mut inbound: TcpStream,
+    peer: SocketAddr,
+    pod: &PodInfo,
+    to: SocketAddr,
+) {
+    let connected =
+        tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&pod.netns, to)).await;
+    let mut outbound = match connected {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return plane.refuse(pod, peer, e.to_string()),
+        Err(_) => return plane.refuse(pod, peer, format!("connecting to {to} timed out")),
+    };
+    plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+    debug!(pod = %pod.pod, %peer, %to, "passing a captured connection through");
+    if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await {
+        debug!(pod = %pod.pod, %peer, %to, %error, "captured connection ended with an error");
+    }
+}
+
+/// One captured HTTP connection to `target`'s port `port`.
+struct Connection {
+    plane: Arc<DataPlane>,
+    pod: Arc<PodInfo>,
+    target: ServiceKey,
+    port: u16,
+}
+
+async fn serve_http(
+    plane: Arc<DataPlane>,
+    stream: TcpStream,
+    pod: Arc<PodInfo>,
+    target: ServiceKey,
+    port: u16,
+) {
+    let conn = Arc::new(Connection {
+        plane,
+        pod,
+        target,
+        port,
+    });
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let conn = conn.clone();
+        async move { Ok::<_, std::convert::Infallible>(conn.handle(request).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if let Err(e) = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .await
+    {
+        debug!(error = %e, "captured HTTP connection ended with an error");
+    }
+}
+
+/// What one request became, for the metrics.
+struct Served {
+    route: String,
+    backend: String,
+    response: Response<Body>,
+}
+
+impl Connection {
+    fn mesh(&self) -> &Mesh {
+        self.plane
+            .mesh
+            .as_ref()
+            .expect("HTTP is only served with a mesh")
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let started = Instant::now();
+        let served = self.route(request).await;
+        self.mesh().metrics.request(
+            RequestLabels {
+                direction: "outbound",
+                target: self.target.to_string(),
+                route: served.route,
+                backend: served.backend,
+                status: served.response.status().as_u16(),
+            },
+            started.elapsed(),
+        );
+        served.response
+    }
+
+    async fn route(&self, request: Request<Incoming>) -> Served {
+        // Each request reads the latest snapshot, so a keep-alive connection follows changes.
+        let snapshot = self.mesh().snapshot.load();
+        let (mut parts, body) = request.into_parts();
+        let Some(target) = snapshot.targets.get(&self.target) else {
+            let backend = ServiceRef {
+                namespace: self.target.namespace.clone(),
+                name: self.target.name.clone(),
+                port: self.port,
+            };
+            return self
+                .forward(&snapshot, &backend, parts, h::incoming(body), None)
+                .await;
+        };
+        let view = RequestView::from_parts(&parts);
+        let outcome =
+            target
+                .router
+                .route(self.port, &self.pod.pod.namespace, &view, fastrand::u64(..));
+        let served = |route: String, response| Served {
+            route,
+            backend: String::new(),
+            response,
+        };
+        match outcome {
+            Outcome::NoRoutes => {
+                let backend = ServiceRef {
+                    namespace: self.target.namespace.clone(),
+                    name: self.target.name.clone(),
+                    port: self.port,
+                };
+                self.forward(&snapshot, &backend, parts, h::incoming(body), None)
+                    .await
+            }
+            Outcome::NotFound => served(
+                String::new(),
+                answer(
+                    StatusCode::NOT_FOUND,
+                    format!("no route of {} matches", self.target),
+                ),
+            ),
+            Outcome::Redirect {
+                rule,
+                status,
+                location,
+            } => {
+                let mut response = answer(
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::FOUND),
+                    "redirected",
+                );
+                match HeaderValue::from_str(&location) {
+                    Ok(value) => {
+                        response.headers_mut().insert(header::LOCATION, value);
+                        served(route_name(rule), response)
+                    }
+                    Err(_) => served(
+                        route_name(rule),
+                        answer(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("redirect location {location:?} is not a valid header"),
+                        ),
+                    ),
+                }
+            }
+            Outcome::NoBackend { rule } => served(
+                route_name(rule),
+                answer(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the matching rule has no usable backend",
+                ),
+            ),
+            Outcome::Forward(forward) => {
+                let route = route_name(forward.rule);
+                forward.edit_request_headers(&mut parts.headers);
+                if let Some(pq) = &forward.path_and_query {
+                    let mut uri = parts.uri.clone().into_parts();
+                    uri.path_and_query = pq.parse().ok();
+                    if let Ok(uri) = ::http::Uri::from_parts(uri) {
+                        parts.uri = uri;
+                    }
+                }
+                if let Some(host) = forward.authority
+                    && let Ok(value) = HeaderValue::from_str(host)
+                {
+                    parts.headers.insert(header::HOST, value);
+                    if parts.uri.authority().is_some() {
+                        let mut uri = parts.uri.clone().into_parts();
+                        uri.authority = host.parse().ok();
+                        if let Ok(uri) = ::http::Uri::from_parts(uri) {
+                            parts.uri = uri;
+                        }
+                    }
+                }
+                let timeouts = forward.timeouts();
+                let timeout = [timeouts.request_ms, timeouts.backend_request_ms]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(Duration::from_millis);
+                let body = if forward.mirrors.is_empty() {
+                    h::incoming(body)
+                } else {
+                    self.mirror(&snapshot, &forward.mirrors, &parts, body).await
+                };
+                let mut served = self
+                    .forward(&snapshot, forward.backend, parts, body, timeout)
+                    .await;
+                forward.edit_response_headers(served.response.headers_mut());
+                served.route = route;
+                served
+            }
+        }
+    }
+
+    /// Buffers the body (up to a limit) and sends a copy to each mirror, not waiting for them.
+    async fn mirror(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        mirrors: &[&ServiceRef],
+        parts: &::http::request::Parts,
+        body: Incoming,
+    ) -> Body {
+        let bytes = match http_body_util::Limited::new(body, MIRROR_BODY_LIMIT)
+            .collect()
+            .await
+        {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                warn!(target = %self.target, error = %e, "request body not mirrored");
+                return h::full(Bytes::new());
+            }
+        };
+        for mirror in mirrors {
+            let mut copy = ::http::Request::new(());
+            *copy.method_mut() = parts.method.clone();
+            *copy.uri_mut() = parts.uri.clone();
+            *copy.version_mut() = parts.version;
+            *copy.headers_mut() = parts.headers.clone();
+            let (copy, ()) = copy.into_parts();
+            let (conn, snapshot, mirror, bytes) = (
+                Connection {
+                    plane: self.plane.clone(),
+                    pod: self.pod.clone(),
+                    target: self.target.clone(),
+                    port: self.port,
+                },
+                snapshot.clone(),
+                (*mirror).clone(),
+                bytes.clone(),
+            );
+            tokio::spawn(async move {
+                let served = conn
+                    .forward(&snapshot, &mirror, copy, h::full(bytes), None)
+                    .await;
+                debug!(mirror = %mirror, status = %served.response.status(), "mirrored a request");
+            });
+        }
+        h::full(bytes)
+    }
+
+    /// Sends the request to an endpoint of `backend`, over mTLS when the endpoint is meshed.
+    async fn forward(
+        &self,
+        snapshot: &Snapshot,
+        backend: &ServiceRef,
+        mut parts: ::http::request::Parts,
+        body: Body,
+        timeout: Option<Duration>,
+    ) -> Served {
+        let service = ServiceKey::new(&backend.namespace, &backend.name);
+        let label = backend.to_string();
+        let served = |response| Served {
+            route: String::new(),
+            backend: label.clone(),
+            response,
+        };
+        let endpoints = snapshot.endpoints(&service, backend.port);
+        let balancer = &self.plane.balancer;
+        let Some(index) = balancer.pick(endpoints, |e| e.addr, fastrand::u64(..)) else {
+            return served(answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("backend {backend} has no ready endpoint"),
+            ));
+        };
+        let endpoint = &endpoints[index];
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(CLIENT_IDENTITY_HEADER);
+        let host = authority(&parts.uri, &parts.headers)
+            .unwrap_or_else(|| format!("{}.{}", backend.name, backend.namespace));
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(value) = HeaderValue::from_str(&host)
+        {
+            parts.headers.insert(header::HOST, value);
+        }
+        let in_flight = balancer.start(endpoint.addr);
+        let exchange = async {
+            if endpoint.meshed {
+                self.send_mesh(snapshot, &service, endpoint.addr, parts, body, &host)
+                    .await
+            } else {
+                self.send_plain(endpoint.addr, parts, body).await
+            }
+        };
+        let result = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, exchange).await {
+                Ok(result) => result,
+                Err(_) => {
+                    return served(answer(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        format!("backend {backend} did not answer within {limit:?}"),
+                    ));
+                }
+            },
+            None => exchange.await,
+        };
+        match result {
+            Ok(mut response) => {
+                in_flight.finish();
+                strip_hop_by_hop(response.headers_mut());
+                served(response.map(h::incoming))
+            }
+            Err(message) => {
+                warn!(pod = %self.pod.pod, backend = %backend, endpoint = %endpoint.addr, error = %message, "request failed");
+                served(answer(StatusCode::SERVICE_UNAVAILABLE, message))
+            }
+        }
+    }
+
+    async fn send_plain(
+        &self,
+        to: SocketAddr,
+        mut parts: ::http::request::Parts,
+        body: Body,
+    ) -> Result<Response<Incoming>, String> {
+        let http2 = parts.version == Version::HTTP_2;
+        parts.uri = absolute_uri(
+            &to.to_string(),
+            parts.uri.path_and_query().map(|p| p.as_str()),
+        )
+        .map_err(|e| e.to_string())?;
+        let clients = self.plane.clients(&self.pod.netns);
+        clients
+            .plain(Request::from_parts(parts, body), http2)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn send_mesh(
+        &self,
+        snapshot: &Snapshot,
+        service: &ServiceKey,
+        endpoint: SocketAddr,
+        mut parts: ::http::request::Parts,
+        body: Body,
+        host: &str,
+    ) -> Result<Response<Incoming>, String> {
+        let mesh = self.mesh();
+        let source = mesh
+            .workloads
+            .service_account(&self.pod.pod)
+            .ok_or_else(|| {
+                format!(
+                    "the ServiceAccount of pod {} is not known yet",
+                    self.pod.pod
+                )
+            })?;
+        if !mesh.certs.has(&source) {
+            return Err(format!("no SVID for {source} yet"));
+        }
+        let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
+        let clients = self.plane.clients(&self.pod.netns);
+        let mut conn = match clients
+            .mesh(
+                &source,
+                mesh.certs.client_config(&source),
+                mesh.certs.trust(),
+                peer_addr,
+            )
+            .await
+        {
+            Ok(conn) => {
+                mesh.metrics.handshake("client", true);
+                conn
+            }
+            Err(e) => {
+                mesh.metrics.handshake("client", false);
+                return Err(e.to_string());
+            }
+        };
+        let peer_id = conn.peer.spiffe_id(mesh.certs.trust().trust_domain());
+        let allowed = snapshot.identities.get(service);
+        if !allowed.is_some_and(|ids| ids.contains(&peer_id)) {
+            return Err(format!(
+                "endpoint {endpoint} of {service} presented {peer_id}, which is not an identity allowed for {service}"
+            ));
+        }
+        parts.headers.insert(
+            FORWARD_HEADER,
+            forward_value(endpoint.port(), parts.version),
+        );
+        parts.uri = absolute_uri(host, parts.uri.path_and_query().map(|p| p.as_str()))
+            .map_err(|e| format!("request authority {host:?}: {e}"))?;
+        parts.version = Version::HTTP_2;
+        conn.send(Request::from_parts(parts, body))
+            .await
+            .map_err(|e| super::clients::error_chain(&e))
+    }
+}
+
+fn route_name(rule: &aether_routing::table::Rule) -> String {
+    format!(
+        "{}/{}/{}",
+        rule.route.kind.as_str(),
+        rule.route.namespace,
+        rule.route.name
+    )
+}

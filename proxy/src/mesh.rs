@@ -1,0 +1,410 @@
+//! The proxy's picture of the mesh at one moment, built from the node's NodeConfig, Services,
+//! EndpointSlices and Namespaces by a pure function. The data plane reads one immutable
+//! [`Snapshot`] per request; the cluster watcher builds a new one after each change.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use aether_crds::node_config::NodeConfigSpec;
+use aether_crds::well_known::MANAGED_LABEL;
+use aether_routing::{RouteTable, Router};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tracing::warn;
+
+use crate::capture_set::CaptureSet;
+
+/// A Service, `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// Parses `namespace/name`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (ns, name) = s.split_once('/')?;
+        (!ns.is_empty() && !name.is_empty()).then(|| ServiceKey::new(ns, name))
+    }
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A route target's compiled table, with the JSON it came from (to reuse it when unchanged).
+#[derive(Debug)]
+pub struct Target {
+    pub router: Router,
+    source: serde_json::Value,
+}
+
+/// Where one Service port's traffic can go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Pod IP and target port.
+    pub addr: SocketAddr,
+    /// The pod's namespace is managed: the pod has an inbound mTLS listener.
+    pub meshed: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct ServiceEntry {
+    /// Ready endpoints per Service port number.
+    pub ports: HashMap<u16, Vec<Endpoint>>,
+}
+
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The NodeConfig generation this snapshot holds; `None` before the first one arrived.
+    pub generation: Option<i64>,
+    pub capture: CaptureSet,
+    /// Route target of each captured ClusterIP:port.
+    pub captured: HashMap<SocketAddr, ServiceKey>,
+    pub targets: HashMap<ServiceKey, Arc<Target>>,
+    /// SPIFFE IDs each backend Service may present.
+    pub identities: HashMap<ServiceKey, BTreeSet<String>>,
+    pub services: HashMap<ServiceKey, ServiceEntry>,
+    pub managed_namespaces: HashSet<String>,
+    /// Tables that did not load, with the reason (reported, never fatal).
+    pub errors: Vec<String>,
+}
+
+/// The inputs of a snapshot.
+pub struct Inputs<'a> {
+    pub node_config: Option<(i64, &'a NodeConfigSpec)>,
+    pub services: &'a [Arc<Service>],
+    pub slices: &'a [Arc<EndpointSlice>],
+    pub namespaces: &'a [Arc<Namespace>],
+}
+
+impl Snapshot {
+    /// Builds a snapshot, reusing `previous`'s compiled tables and capture generation where
+    /// nothing changed.
+    pub fn build(inputs: &Inputs<'_>, previous: &Snapshot) -> Snapshot {
+        let managed_namespaces: HashSet<String> = inputs
+            .namespaces
+            .iter()
+            .filter(|ns| {
+                ns.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(MANAGED_LABEL))
+                    .is_some_and(|v| v == "true")
+            })
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
+        let mut snapshot = Snapshot {
+            generation: inputs.node_config.map(|(g, _)| g),
+            services: services(inputs, &managed_namespaces),
+            managed_namespaces,
+            ..Snapshot::default()
+        };
+        let Some((generation, spec)) = inputs.node_config else {
+            return snapshot;
+        };
+        let mut targets = Vec::new();
+        for entry in &spec.capture {
+            let (Ok(ip), Ok(port), Some(key)) = (
+                entry.ip.parse::<IpAddr>(),
+                u16::try_from(entry.port),
+                ServiceKey::parse(&entry.target),
+            ) else {
+                snapshot.errors.push(format!(
+                    "capture entry {}:{} -> {:?} is malformed",
+                    entry.ip, entry.port, entry.target
+                ));
+                continue;
+            };
+            let addr = SocketAddr::new(ip, port);
+            targets.push(addr);
+            snapshot.captured.insert(addr, key);
+        }
+        targets.sort();
+        targets.dedup();
+        snapshot.capture = if targets == previous.capture.targets {
+            previous.capture.clone()
+        } else {
+            CaptureSet {
+                generation: u64::try_from(generation).unwrap_or_default(),
+                targets,
+            }
+        };
+        for table in &spec.tables {
+            let key = ServiceKey::new(&table.namespace, &table.service);
+            if let Some(old) = previous.targets.get(&key)
+                && old.source == table.table
+            {
+                snapshot.targets.insert(key, old.clone());
+                continue;
+            }
+            let router = serde_json::from_value::<RouteTable>(table.table.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|t| Router::new(&t).map_err(|e| e.to_string()));
+            match router {
+                Ok(router) => {
+                    snapshot.targets.insert(
+                        key,
+                        Arc::new(Target {
+                            router,
+                            source: table.table.clone(),
+                        }),
+                    );
+                }
+                Err(e) => {
+                    warn!(target = %key, error = %e, "cannot load a route table; its requests get 503");
+                    snapshot.errors.push(format!("route table of {key}: {e}"));
+                }
+            }
+        }
+        for ids in &spec.identities {
+            snapshot.identities.insert(
+                ServiceKey::new(&ids.namespace, &ids.service),
+                ids.identities.iter().cloned().collect(),
+            );
+        }
+        snapshot
+    }
+
+    /// The ready endpoints of `service`'s port `port`.
+    pub fn endpoints(&self, service: &ServiceKey, port: u16) -> &[Endpoint] {
+        self.services
+            .get(service)
+            .and_then(|s| s.ports.get(&port))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Ready endpoints per Service port, matching Service ports to EndpointSlice ports by name as
+/// the EndpointSlice controller does.
+fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKey, ServiceEntry> {
+    let mut slices: HashMap<ServiceKey, Vec<&EndpointSlice>> = HashMap::new();
+    for slice in inputs.slices {
+        let (Some(ns), Some(service)) = (
+            slice.metadata.namespace.as_deref(),
+            slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name")),
+        ) else {
+            continue;
+        };
+        slices
+            .entry(ServiceKey::new(ns, service))
+            .or_default()
+            .push(slice);
+    }
+    let mut out = HashMap::new();
+    for service in inputs.services {
+        let (Some(ns), Some(name)) = (
+            service.metadata.namespace.as_deref(),
+            service.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        let key = ServiceKey::new(ns, name);
+        let meshed = managed.contains(ns);
+        let mut entry = ServiceEntry::default();
+        let ports = service.spec.as_ref().and_then(|s| s.ports.as_deref());
+        for port in ports.unwrap_or_default() {
+            let Ok(number) = u16::try_from(port.port) else {
+                continue;
+            };
+            let port_name = port.name.as_deref().unwrap_or_default();
+            let mut endpoints = Vec::new();
+            for slice in slices.get(&key).into_iter().flatten() {
+                let Some(target) = slice.ports.iter().flatten().find(|p| {
+                    p.name.as_deref().unwrap_or_default() == port_name
+                        && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+                }) else {
+                    continue;
+                };
+                let Some(target_port) = target.port.and_then(|p| u16::try_from(p).ok()) else {
+                    continue;
+                };
+                for endpoint in slice.endpoints.iter().flatten() {
+                    let ready = endpoint
+                        .conditions
+                        .as_ref()
+                        .and_then(|c| c.ready)
+                        .unwrap_or(true);
+                    if !ready {
+                        continue;
+                    }
+                    for address in &endpoint.addresses {
+                        if let Ok(ip) = address.parse::<IpAddr>() {
+                            endpoints.push(Endpoint {
+                                addr: SocketAddr::new(ip, target_port),
+                                meshed,
+                            });
+                        }
+                    }
+                }
+            }
+            endpoints.sort_by_key(|e| e.addr);
+            endpoints.dedup();
+            entry.ports.insert(number, endpoints);
+        }
+        out.insert(key, entry);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use aether_crds::node_config::{CaptureEntry, ServiceIdentities, TargetTable};
+    use serde_json::json;
+
+    use super::*;
+
+    fn service(ns: &str, name: &str, ports: &[(&str, i32)]) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": name},
+                "spec": {"ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p})).collect::<Vec<_>>()},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn slice(
+        ns: &str,
+        service: &str,
+        ports: &[(&str, i32)],
+        eps: &[(&str, bool)],
+    ) -> Arc<EndpointSlice> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": format!("{service}-x"),
+                    "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4",
+                "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "protocol": "TCP"})).collect::<Vec<_>>(),
+                "endpoints": eps.iter().map(|(ip, ready)| json!({"addresses": [ip], "conditions": {"ready": ready}})).collect::<Vec<_>>(),
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn namespace(name: &str, managed: bool) -> Arc<Namespace> {
+        let labels = if managed {
+            json!({MANAGED_LABEL: "true"})
+        } else {
+            json!({})
+        };
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap(),
+        )
+    }
+
+    fn spec() -> NodeConfigSpec {
+        NodeConfigSpec {
+            capture: vec![
+                CaptureEntry {
+                    ip: "10.96.0.20".into(),
+                    port: 80,
+                    target: "shop/echo".into(),
+                },
+                CaptureEntry {
+                    ip: "bad".into(),
+                    port: 80,
+                    target: "shop/echo".into(),
+                },
+            ],
+            capture_count: 2,
+            tables: vec![
+                TargetTable {
+                    namespace: "shop".into(),
+                    service: "echo".into(),
+                    table: json!({}),
+                },
+                TargetTable {
+                    namespace: "shop".into(),
+                    service: "broken".into(),
+                    table: json!({"ports": 7}),
+                },
+            ],
+            table_count: 2,
+            identities: vec![ServiceIdentities {
+                namespace: "shop".into(),
+                service: "echo-v1".into(),
+                identities: vec!["spiffe://cluster.local/ns/shop/sa/v1".into()],
+            }],
+        }
+    }
+
+    #[test]
+    fn builds_endpoints_capture_tables_and_identities() {
+        let spec = spec();
+        let services = [service("shop", "echo-v1", &[("http", 80), ("grpc", 7070)])];
+        let slices = [
+            slice(
+                "shop",
+                "echo-v1",
+                &[("http", 8080)],
+                &[("10.244.1.5", true), ("10.244.2.7", false)],
+            ),
+            slice(
+                "shop",
+                "echo-v1",
+                &[("grpc", 7070)],
+                &[("10.244.1.5", true)],
+            ),
+        ];
+        let namespaces = [namespace("shop", true), namespace("other", false)];
+        let inputs = Inputs {
+            node_config: Some((4, &spec)),
+            services: &services,
+            slices: &slices,
+            namespaces: &namespaces,
+        };
+        let snapshot = Snapshot::build(&inputs, &Snapshot::default());
+        let v1 = ServiceKey::new("shop", "echo-v1");
+        assert_eq!(
+            snapshot.endpoints(&v1, 80),
+            [Endpoint {
+                addr: "10.244.1.5:8080".parse().unwrap(),
+                meshed: true
+            }]
+        );
+        assert_eq!(snapshot.endpoints(&v1, 7070).len(), 1);
+        assert!(snapshot.endpoints(&v1, 9999).is_empty());
+        assert_eq!(snapshot.capture.generation, 4);
+        assert_eq!(snapshot.capture.targets, ["10.96.0.20:80".parse().unwrap()]);
+        assert_eq!(
+            snapshot.captured[&"10.96.0.20:80".parse().unwrap()],
+            ServiceKey::new("shop", "echo")
+        );
+        assert!(
+            snapshot
+                .targets
+                .contains_key(&ServiceKey::new("shop", "echo"))
+        );
+        assert_eq!(snapshot.errors.len(), 2, "{:?}", snapshot.errors);
+        assert_eq!(snapshot.identities[&v1].len(), 1);
+
+        // The same capture targets keep their generation (no pod table is rewritten) and an
+        // unchanged table is not compiled again.
+        let next = Snapshot::build(
+            &Inputs {
+                node_config: Some((5, &spec)),
+                ..inputs
+            },
+            &snapshot,
+        );
+        assert_eq!(next.capture.generation, 4);
+        let key = ServiceKey::new("shop", "echo");
+        assert!(Arc::ptr_eq(&next.targets[&key], &snapshot.targets[&key]));
+    }
+}

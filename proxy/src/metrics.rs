@@ -1,0 +1,207 @@
+//! The proxy's Prometheus metrics and its health endpoints, on one plain HTTP port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `outbound` (a captured request of a local pod) or `inbound` (a mesh request to one).
+    pub direction: &'static str,
+    /// The route target, `namespace/service` (empty inbound).
+    pub target: String,
+    /// The route, `Kind/namespace/name` (empty when none applied).
+    pub route: String,
+    /// The backend Service and port, `namespace/name:port`.
+    pub backend: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// `client` (outbound) or `server` (inbound).
+    pub side: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftLabels {
+    /// `table` or `listeners`.
+    pub what: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<DirectionLabels, Histogram>,
+    handshakes: Family<HandshakeLabels, Counter>,
+    svids: Family<ResultLabels, Counter>,
+    drift: Family<DriftLabels, Counter>,
+    pub captured_pods: Gauge,
+    pub config_generation: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("aether_proxy");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<DirectionLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+        });
+        let handshakes = Family::<HandshakeLabels, Counter>::default();
+        let svids = Family::<ResultLabels, Counter>::default();
+        let drift = Family::<DriftLabels, Counter>::default();
+        let captured_pods = Gauge::default();
+        let config_generation = Gauge::default();
+        registry.register(
+            "requests",
+            "HTTP requests by direction, route target, route, backend and status",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its response headers",
+            latency.clone(),
+        );
+        registry.register(
+            "tls_handshakes",
+            "mTLS handshakes of the mesh hop by side and result",
+            handshakes.clone(),
+        );
+        registry.register(
+            "svid_requests",
+            "SVID requests to the certificate authority by result",
+            svids.clone(),
+        );
+        registry.register(
+            "drift_repairs",
+            "Captured pods found without their nftables table or listeners, and repaired",
+            drift.clone(),
+        );
+        registry.register(
+            "captured_pods",
+            "Pods registered with this proxy",
+            captured_pods.clone(),
+        );
+        registry.register(
+            "config_generation",
+            "The NodeConfig generation this proxy applies",
+            config_generation.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            handshakes,
+            svids,
+            drift,
+            captured_pods,
+            config_generation,
+        }
+    }
+
+    pub fn request(&self, labels: RequestLabels, took: Duration) {
+        self.latency
+            .get_or_create(&DirectionLabels {
+                direction: labels.direction,
+            })
+            .observe(took.as_secs_f64());
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    pub fn handshake(&self, side: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.handshakes
+            .get_or_create(&HandshakeLabels { side, result })
+            .inc();
+    }
+
+    pub fn svid_issued(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.svids.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn drift_repaired(&self, what: &'static str) {
+        self.drift.get_or_create(&DriftLabels { what }).inc();
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn respond(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+/// Serves `/healthz` (the process runs), `/readyz` (`ready` holds `Ok`; else its reason) and
+/// `/metrics` until the task is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    ready: watch::Receiver<Result<(), String>>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let (metrics, ready) = (metrics.clone(), ready.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let response = match req.uri().path() {
+                    "/healthz" => respond(StatusCode::OK, "ok\n".into()),
+                    "/readyz" => match &*ready.borrow() {
+                        Ok(()) => respond(StatusCode::OK, "ok\n".into()),
+                        Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+                    },
+                    "/metrics" => respond(StatusCode::OK, metrics.text()),
+                    _ => respond(StatusCode::NOT_FOUND, "not found\n".into()),
+                };
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Binds the admin port, so a port in use fails the start loudly.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
