@@ -36,6 +36,13 @@ struct Args {
     /// /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: SocketAddr,
+    /// The Secret (in --namespace) with the signing root: generated at first start unless it
+    /// exists (a user-supplied root).
+    #[arg(long, default_value = "aether-ca")]
+    ca_secret: String,
+    /// Lifetime of the SVIDs the CA issues; proxies renew them at half-life.
+    #[arg(long, default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(60..))]
+    svid_ttl_seconds: u64,
 }
 
 #[tokio::main]
@@ -64,6 +71,8 @@ async fn main() -> Result<()> {
         cluster_domain: args.cluster_domain.clone(),
         proxy_service_account: proxy,
         bind: args.ca_addr,
+        secret_name: args.ca_secret.clone(),
+        svid_ttl: std::time::Duration::from_secs(args.svid_ttl_seconds),
         ..CaConfig::default()
     };
     let ca = ca::start(client.clone(), ca_config)

@@ -16,6 +16,7 @@ use aether_cni::protocol::PodRef;
 use aether_crds::NodeConfig;
 use aether_crds::well_known::AGENT_NOT_READY_TAINT;
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams};
@@ -50,6 +51,8 @@ pub struct ClusterView {
     slices: Store<EndpointSlice>,
     node_configs: Store<NodeConfig>,
     bundles: Store<ConfigMap>,
+    daemonsets: Store<DaemonSet>,
+    daemonset: String,
     node: String,
     install_namespace: String,
     bundle_name: String,
@@ -77,12 +80,14 @@ where
 }
 
 impl ClusterView {
-    /// Starts the watches. `install_namespace` holds the trust bundle ConfigMap `bundle_name`.
+    /// Starts the watches. `install_namespace` holds the trust bundle ConfigMap `bundle_name`
+    /// and the proxy's own DaemonSet `daemonset`.
     pub fn start(
         client: &kube::Client,
         node: &str,
         install_namespace: &str,
         bundle_name: &str,
+        daemonset: &str,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let all = watcher::Config::default;
@@ -103,6 +108,14 @@ impl ClusterView {
                 by_name(bundle_name),
                 changed.clone(),
             ),
+            // A watch keeps delivering after an uninstall deleted the proxy's RBAC, so the
+            // DaemonSet's deletion is seen even when a fresh GET would be refused.
+            daemonsets: watch(
+                Api::namespaced(client.clone(), install_namespace),
+                by_name(daemonset),
+                changed.clone(),
+            ),
+            daemonset: daemonset.to_owned(),
             node: node.to_owned(),
             install_namespace: install_namespace.to_owned(),
             bundle_name: bundle_name.to_owned(),
@@ -120,6 +133,7 @@ impl ClusterView {
             self.slices.wait_until_ready().await.is_ok(),
             self.node_configs.wait_until_ready().await.is_ok(),
             self.bundles.wait_until_ready().await.is_ok(),
+            self.daemonsets.wait_until_ready().await.is_ok(),
         ];
         if results.iter().all(|ok| *ok) {
             self.synced.store(true, Ordering::Release);
@@ -413,17 +427,19 @@ pub async fn repair_drift(
     }
 }
 
-/// Whether the proxy is stopping because aether is being uninstalled: its DaemonSet is gone or
-/// being deleted. Unknown (API server unreachable) counts as not: a restart must keep capture.
-pub async fn is_uninstalling(client: kube::Client, namespace: &str, daemonset: &str) -> bool {
-    let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client, namespace);
-    match tokio::time::timeout(Duration::from_secs(5), api.get_opt(daemonset)).await {
-        Ok(Ok(None)) => true,
-        Ok(Ok(Some(ds))) => ds.metadata.deletion_timestamp.is_some(),
-        Ok(Err(e)) => {
-            warn!(error = %e, "cannot tell an uninstall from a restart; keeping capture");
-            false
+impl ClusterView {
+    /// Whether the proxy is stopping because aether is being uninstalled: its DaemonSet is gone
+    /// or being deleted. A restart (the DaemonSet stays) keeps every pod's capture. Waits a
+    /// little for the deletion's watch event, which may trail the signal.
+    pub async fn is_uninstalling(&self) -> bool {
+        let object = ObjectRef::new(&self.daemonset).within(&self.install_namespace);
+        for _ in 0..20 {
+            match self.daemonsets.get(&object) {
+                None if self.is_synced() => return true,
+                Some(ds) if ds.metadata.deletion_timestamp.is_some() => return true,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
         }
-        Err(_) => false,
+        false
     }
 }

@@ -8,6 +8,7 @@
 //! - [`capture_set`]: the route-target ClusterIP:ports every meshed pod's table captures.
 //! - [`listeners`]: per-pod capture and inbound listeners.
 //! - [`netns`]: every `setns(2)`: sockets inside a pod's network namespace, `SO_ORIGINAL_DST`.
+//! - [`cni_kubeconfig`]: the token the CNI plugin falls back to when the proxy is down.
 //! - [`cluster`]: watches of the cluster and the loops that apply what they see.
 //! - [`mesh`]: the snapshot of routes, endpoints and identities the data plane reads (pure).
 //! - [`dataplane`]: outbound routing, inbound mTLS termination, pooled clients.
@@ -19,6 +20,7 @@ pub mod agent;
 pub mod balancer;
 pub mod capture_set;
 pub mod cluster;
+pub mod cni_kubeconfig;
 pub mod cni_server;
 pub mod dataplane;
 pub mod identity;

@@ -14,13 +14,13 @@ use aether_cni::protocol::{DEFAULT_SOCKET, PodRef};
 use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cluster::{self, ClusterView};
-use aether_proxy::cni_server;
 use aether_proxy::dataplane::{DataPlane, Mesh, SnapshotCell};
 use aether_proxy::identity::svid::{self, CaClient};
 use aether_proxy::identity::tls::{Certs, TrustStore};
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::{self, Metrics};
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
+use aether_proxy::{cni_kubeconfig, cni_server};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
@@ -113,6 +113,13 @@ struct RunArgs {
     cni_bin_dir: PathBuf,
     #[arg(long, default_value = "/etc/cni/net.d")]
     cni_conf_dir: PathBuf,
+    /// The kubeconfig the CNI plugin falls back to (the installer names it in the node's CNI
+    /// config); the proxy keeps a token of --cni-service-account in it.
+    #[arg(long, default_value = "/etc/cni/net.d/aether-cni.kubeconfig")]
+    cni_kubeconfig: PathBuf,
+    /// The ServiceAccount (in --namespace) whose token the CNI plugin uses.
+    #[arg(long, default_value = "aether-cni")]
+    cni_service_account: String,
     /// How long open connections may take to finish after SIGTERM.
     #[arg(long, default_value_t = 5)]
     drain_seconds: u64,
@@ -195,7 +202,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let client = kube::Client::try_default()
                 .await
                 .context("cannot reach the API server (in-cluster config or KUBECONFIG)")?;
-            let view = ClusterView::start(&client, &args.node, &args.namespace, &args.trust_bundle);
+            tokio::spawn(cni_kubeconfig::maintain(
+                client.clone(),
+                args.namespace.clone(),
+                args.cni_service_account.clone(),
+                args.cni_kubeconfig.clone(),
+            ));
+            let view = ClusterView::start(
+                &client,
+                &args.node,
+                &args.namespace,
+                &args.trust_bundle,
+                &args.daemonset,
+            );
             let _ = ready.send(Err("waiting for the watch caches".into()));
             view.wait_synced().await.map_err(anyhow::Error::msg)?;
             let trust = TrustStore::new(&args.trust_domain);
@@ -256,13 +275,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             ));
             tokio::spawn(cluster::repair_drift(
                 client.clone(),
-                view,
+                view.clone(),
                 agent.clone(),
                 metrics.clone(),
                 Duration::from_secs(args.drift_check_seconds.max(1)),
             ));
             tokio::spawn(cluster::remove_taint(client.clone(), args.node.clone()));
-            cluster = Some(client);
+            cluster = Some(view);
             (agent, None)
         }
     };
@@ -287,8 +306,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = ready.send(Err("shutting down".into()));
     let _ = stop.send(());
     server.await.context("the CNI server")?;
-    if let Some(client) = cluster
-        && cluster::is_uninstalling(client, &args.namespace, &args.daemonset).await
+    if let Some(view) = cluster
+        && view.is_uninstalling().await
     {
         uninstall(&agent, &args).await;
     }

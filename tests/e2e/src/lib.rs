@@ -26,7 +26,8 @@ pub struct Paths {
 }
 
 impl Paths {
-    fn from_env() -> Self {
+    /// The paths `tests/cluster/lib.sh` uses, honouring the same overrides. Needs no cluster.
+    pub fn from_env() -> Self {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let cache = std::env::var_os("AETHER_CACHE")
             .map(PathBuf::from)
@@ -40,6 +41,16 @@ impl Paths {
             kubectl: cache.join("bin/kubectl"),
             state,
         }
+    }
+
+    /// The `helm` that `tests/cluster/build.sh` builds beside kubectl.
+    pub fn helm(&self) -> PathBuf {
+        self.kubectl.with_file_name("helm")
+    }
+
+    /// The aether Helm chart.
+    pub fn chart(&self) -> PathBuf {
+        self.repo.join("charts/aether")
     }
 }
 
@@ -130,11 +141,9 @@ impl Cluster {
 
     /// Renders one template of the aether chart for the install namespace `namespace`.
     pub fn chart_template(&self, namespace: &str, template: &str) -> Result<String> {
-        let helm = self.paths.kubectl.with_file_name("helm");
-        let chart = self.paths.repo.join("charts/aether");
-        let output = Command::new(helm)
+        let output = Command::new(self.paths.helm())
             .args(["template", "aether"])
-            .arg(&chart)
+            .arg(self.paths.chart())
             .args(["--namespace", namespace, "--show-only", template])
             .output()?;
         if !output.status.success() {

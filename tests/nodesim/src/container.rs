@@ -81,6 +81,32 @@ async fn environment(launch: &Launch<'_>) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
+/// Expands `$(NAME)` with the variable's value (kept as is when undefined); `$$` is a `$`.
+fn expand(word: &str, env: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(word.len());
+    let mut rest = word;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = escaped;
+        } else if let Some(name_end) = after.strip_prefix('(').and_then(|a| a.find(')')) {
+            let name = &after[1..=name_end];
+            match env.iter().rev().find(|(k, _)| k == name) {
+                Some((_, value)) => out.push_str(value),
+                None => out.push_str(&rest[at..at + name_end + 3]),
+            }
+            rest = &after[name_end + 2..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Makes sure a bind target exists, as a file when the source is one.
 fn mount_point(view: &NodeView, source_on_host: &Path, target: &Path) -> Result<()> {
     let target = view.host_path(target);
@@ -102,15 +128,23 @@ fn mount_point(view: &NodeView, source_on_host: &Path, target: &Path) -> Result<
 pub async fn start(launch: &Launch<'_>) -> Result<tokio::process::Child> {
     let c = launch.container;
     let image = c.image.as_deref().unwrap_or_default();
-    let program = images::resolve(
-        image,
-        c.command.as_deref().unwrap_or_default(),
-        c.args.as_deref().unwrap_or_default(),
-        launch.bin_dirs,
-    )?;
     let env = environment(launch)
         .await
         .with_context(|| format!("environment of container {}", c.name))?;
+    // As the kubelet does, `$(VAR)` in command and args is the container's variable.
+    let expand_all = |words: Option<&Vec<String>>| -> Vec<String> {
+        words
+            .into_iter()
+            .flatten()
+            .map(|w| expand(w, &env))
+            .collect()
+    };
+    let program = images::resolve(
+        image,
+        &expand_all(c.command.as_ref()),
+        &expand_all(c.args.as_ref()),
+        launch.bin_dirs,
+    )?;
 
     let mut namespaces = Namespaces::node(launch.view);
     for mount in c.volume_mounts.iter().flatten() {
@@ -138,6 +172,12 @@ pub async fn start(launch: &Launch<'_>) -> Result<tokio::process::Child> {
         let target = Path::new(&mount.mount_path);
         mount_point(launch.view, &source_on_host, target)?;
         namespaces.bind(&source, target, mount.read_only.unwrap_or(false));
+        if matches!(
+            mount.mount_propagation.as_deref(),
+            Some("HostToContainer" | "Bidirectional")
+        ) {
+            namespaces.receive_host_mounts();
+        }
     }
     if let Some(resolv) = launch.resolv_conf {
         namespaces.bind(resolv, Path::new("/etc/resolv.conf"), true);
@@ -172,4 +212,19 @@ pub async fn start(launch: &Launch<'_>) -> Result<tokio::process::Child> {
             c.name
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    #[test]
+    fn variables_in_arguments_expand_as_the_kubelet_does() {
+        let env = [("NODE_NAME".to_string(), "node-1".to_string())];
+        assert_eq!(expand("$(NODE_NAME)", &env), "node-1");
+        assert_eq!(expand("--node=$(NODE_NAME)!", &env), "--node=node-1!");
+        assert_eq!(expand("$(UNSET)", &env), "$(UNSET)");
+        assert_eq!(expand("$$(NODE_NAME)", &env), "$(NODE_NAME)");
+        assert_eq!(expand("cost $5 $(", &env), "cost $5 $(");
+    }
 }

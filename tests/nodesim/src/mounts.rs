@@ -84,6 +84,8 @@ impl Bind {
 #[derive(Debug)]
 pub struct Namespaces {
     binds: Vec<Bind>,
+    /// Mounts the machine makes later (e.g. new pods' netns files) show up inside.
+    host_to_container: bool,
     hostname: Option<CString>,
     netns: Option<OwnedFd>,
 }
@@ -93,6 +95,7 @@ impl Namespaces {
     pub fn node(view: &NodeView) -> Self {
         Namespaces {
             binds: view.binds(),
+            host_to_container: false,
             hostname: None,
             netns: None,
         }
@@ -101,6 +104,12 @@ impl Namespaces {
     /// Binds `source` (a path of the node view) at `target`, after the node's own binds.
     pub fn bind(&mut self, source: &Path, target: &Path, read_only: bool) {
         self.binds.push(Bind::new(source, target, read_only));
+    }
+
+    /// `mountPropagation: HostToContainer`: the process's mounts become slaves of the
+    /// machine's, instead of private copies.
+    pub fn receive_host_mounts(&mut self) {
+        self.host_to_container = true;
     }
 
     pub fn hostname(&mut self, name: &str) {
@@ -121,12 +130,18 @@ impl Namespaces {
             CloneFlags::CLONE_NEWNS
         };
         unshare(flags)?;
-        // Keep this process's mounts from propagating back to the machine.
+        // Keep this process's mounts from propagating back to the machine (a slave still
+        // receives the machine's).
+        let propagation = if self.host_to_container {
+            MsFlags::MS_SLAVE
+        } else {
+            MsFlags::MS_PRIVATE
+        };
         mount(
             None::<&str>,
             "/",
             None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            MsFlags::MS_REC | propagation,
             None::<&str>,
         )?;
         for bind in &self.binds {
