@@ -53,6 +53,8 @@ pub struct TargetObject {
 pub struct Index {
     pub services: BTreeMap<Key, ServiceData>,
     pub routes: BTreeMap<(&'static str, String, String), RouteSource>,
+    /// `metadata.generation` of each route, for its conditions' `observedGeneration`.
+    pub route_generations: BTreeMap<(&'static str, String, String), i64>,
     pub targets: BTreeMap<Key, TargetObject>,
     pub pods: BTreeMap<Key, PodData>,
     pub managed_namespaces: BTreeSet<String>,
@@ -119,18 +121,20 @@ impl Index {
 
     pub fn add_http_route(&mut self, route: &HttpRoute) {
         let (namespace, name) = ns_name(&route.metadata);
-        self.routes.insert(
-            ("HTTPRoute", namespace, name),
-            RouteSource::from_http_route(route),
-        );
+        let key = ("HTTPRoute", namespace, name);
+        if let Some(generation) = route.metadata.generation {
+            self.route_generations.insert(key.clone(), generation);
+        }
+        self.routes.insert(key, RouteSource::from_http_route(route));
     }
 
     pub fn add_grpc_route(&mut self, route: &GrpcRoute) {
         let (namespace, name) = ns_name(&route.metadata);
-        self.routes.insert(
-            ("GRPCRoute", namespace, name),
-            RouteSource::from_grpc_route(route),
-        );
+        let key = ("GRPCRoute", namespace, name);
+        if let Some(generation) = route.metadata.generation {
+            self.route_generations.insert(key.clone(), generation);
+        }
+        self.routes.insert(key, RouteSource::from_grpc_route(route));
     }
 
     pub fn add_route_target(&mut self, target: &RouteTarget) {

@@ -232,6 +232,7 @@ pub fn route_parents(
     let mut out: BTreeMap<(&'static str, String, String), Vec<Value>> = BTreeMap::new();
     for (route_key, route) in &index.routes {
         let entries = out.entry(route_key.clone()).or_default();
+        let generation = index.route_generations.get(route_key).copied();
         for target in targets.values() {
             let Some(outcome) = target
                 .compiled
@@ -254,7 +255,7 @@ pub fn route_parents(
                     parent_ref["sectionName"] = json!(section);
                 }
                 let verdict = |kind: &str, v: &Verdict| {
-                    condition(kind, v.ok, &v.reason, &v.message, None, &[], now)
+                    condition(kind, v.ok, &v.reason, &v.message, generation, &[], now)
                 };
                 entries.push(json!({
                     "parentRef": parent_ref,

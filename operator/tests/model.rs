@@ -44,7 +44,7 @@ fn pod(
 
 fn route(namespace: &str, name: &str, parent: Value, backends: Value) -> HttpRoute {
     serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 3},
         "spec": {"parentRefs": [parent], "rules": [{"backendRefs": backends}]},
     }))
     .unwrap()
@@ -248,6 +248,10 @@ fn route_parents_are_written_for_aether_and_others_are_kept() {
     );
     assert_eq!(split[0]["conditions"][0]["status"], "True");
     assert_eq!(split[0]["conditions"][1]["reason"], "BackendNotFound");
+    // Conformance requires the conditions to name the route generation they describe.
+    for condition in split[0]["conditions"].as_array().unwrap() {
+        assert_eq!(condition["observedGeneration"], 3);
+    }
 
     let other = json!({"controllerName": "example.com/gateway", "parentRef": {"name": "gw"}, "conditions": []});
     let merged = merge_parents(std::slice::from_ref(&other), split);

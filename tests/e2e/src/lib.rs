@@ -6,6 +6,8 @@
 //! which removes every process, network namespace, link and nft table it made, whether
 //! the tests passed or not.
 
+pub mod cases;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
