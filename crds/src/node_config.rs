@@ -93,6 +93,10 @@ pub struct NodeConfigStatus {
     pub applied_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Route targets (`namespace/service`) this node's pods dialled whose tables the config
+    /// did not hold: the operator adds them to the node's scope.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub demand: Vec<String>,
 }
 
 /// An object whose fields the API server keeps as they are: the route engine's own

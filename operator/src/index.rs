@@ -63,6 +63,8 @@ pub struct Index {
     /// Node name -> the config generation its proxy reports as applied, and the
     /// generation of the object.
     pub node_configs: BTreeMap<String, (Option<i64>, Option<i64>)>,
+    /// Node name -> route targets its proxy asked for (cold path, `status.demand`).
+    pub node_demand: BTreeMap<String, BTreeSet<Key>>,
     pub nodes: BTreeSet<String>,
 }
 
@@ -234,6 +236,16 @@ impl Index {
     pub fn add_node_config(&mut self, config: &NodeConfig) {
         let name = config.metadata.name.clone().unwrap_or_default();
         let applied = config.status.as_ref().and_then(|s| s.applied_generation);
+        let demand: BTreeSet<Key> = config
+            .status
+            .iter()
+            .flat_map(|s| &s.demand)
+            .filter_map(|target| target.split_once('/'))
+            .map(|(ns, svc)| key(ns, svc))
+            .collect();
+        if !demand.is_empty() {
+            self.node_demand.insert(name.clone(), demand);
+        }
         self.node_configs
             .insert(name, (applied, config.metadata.generation));
     }

@@ -52,7 +52,8 @@ fn backends(table: &RouteTable) -> BTreeSet<Key> {
 }
 
 /// The route targets whose tables the node needs: targets in the namespaces of its meshed
-/// pods and those its pods name in `aether.io/depends-on`, plus the targets among their
+/// pods, those its pods name in `aether.io/depends-on` or its proxy asked for, those with
+/// consumer routes of a namespace with clients on the node, plus the targets among their
 /// backends. Also the namespaces with clients on the node.
 pub fn demand(
     clients: Option<&Clients>,
@@ -72,6 +73,18 @@ pub fn demand(
             .iter()
             .filter(|k| targets.contains_key(*k))
             .cloned(),
+    );
+    wanted.extend(
+        targets
+            .iter()
+            .filter(|(_, t)| {
+                t.compiled
+                    .table
+                    .ports
+                    .iter()
+                    .any(|p| p.consumers.keys().any(|ns| clients.namespaces.contains(ns)))
+            })
+            .map(|(k, _)| k.clone()),
     );
     let backends: BTreeSet<Key> = wanted
         .iter()
@@ -109,6 +122,11 @@ impl Shared {
             let entry = clients.entry(node.clone()).or_default();
             entry.namespaces.insert(namespace.clone());
             entry.depends_on.extend(pod.depends_on.iter().cloned());
+        }
+        for (node, demand) in &index.node_demand {
+            if let Some(entry) = clients.get_mut(node) {
+                entry.depends_on.extend(demand.iter().cloned());
+            }
         }
         Shared {
             capture: capture_set(index, targets),

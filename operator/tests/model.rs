@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use aether_crds::NodeConfig;
 use aether_operator::index::{Index, key};
 use aether_operator::node_config::{Shared, node_config};
 use aether_operator::status::{merge_parents, route_parents, route_target_status};
@@ -307,4 +308,38 @@ fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
         .map(|s| (s.service.as_str(), s.identities.len()))
         .collect();
     assert_eq!(ids, [("echo", 2), ("v1", 1), ("v2", 1)]);
+}
+
+#[test]
+fn consumer_routes_and_the_proxys_demand_widen_a_nodes_scope() {
+    let mut index = index();
+    // A client whose namespace only has a consumer route (for mesh/v1), alone on its node.
+    index.add_pod(&pod(
+        CLIENTS,
+        "client-2",
+        "node-5",
+        "default",
+        json!({}),
+        json!({}),
+    ));
+    index.add_node("node-5");
+    let tables = |index: &Index| -> Vec<String> {
+        let targets = compile_all(index);
+        node_config("node-5", &targets, &Shared::new(index, &targets, TD))
+            .tables
+            .iter()
+            .map(|t| format!("{}/{}", t.namespace, t.service))
+            .collect()
+    };
+    assert_eq!(tables(&index), ["mesh/v1"]);
+
+    // The node's proxy saw a captured connection to mesh/echo without its table.
+    let config: NodeConfig = serde_json::from_value(json!({
+        "metadata": {"name": "node-5", "generation": 2},
+        "spec": {},
+        "status": {"appliedGeneration": 2, "demand": ["mesh/echo", "malformed"]},
+    }))
+    .unwrap();
+    index.add_node_config(&config);
+    assert_eq!(tables(&index), ["mesh/echo", "mesh/v1"]);
 }

@@ -29,7 +29,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
 use crate::agent::Agent;
-use crate::dataplane::{SnapshotCell, Workloads};
+use crate::dataplane::{Demand, SnapshotCell, Workloads};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::TrustStore;
 use crate::mesh::{Inputs, Snapshot};
@@ -330,6 +330,23 @@ pub async fn apply_changes(
         }
         view.changed.notified().await;
         tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+/// Reports the targets of the cold path on the NodeConfig's status whenever one is added.
+pub async fn report_demand(client: kube::Client, node: String, demand: Arc<Demand>) {
+    let configs: Api<NodeConfig> = Api::all(client);
+    loop {
+        demand.changed.notified().await;
+        let status = serde_json::json!({"status": {"demand": demand.targets()}});
+        if let Err(e) = configs
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+        {
+            warn!(error = %e, "cannot report the route targets this node needs; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            demand.changed.notify_one();
+        }
     }
 }
 

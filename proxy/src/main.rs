@@ -14,7 +14,7 @@ use aether_cni::protocol::{DEFAULT_SOCKET, PodRef};
 use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cluster::{self, ClusterView};
-use aether_proxy::dataplane::{DataPlane, Mesh, SnapshotCell};
+use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
 use aether_proxy::identity::svid::{self, CaClient};
 use aether_proxy::identity::tls::{Certs, TrustStore};
 use aether_proxy::mesh::Snapshot;
@@ -227,12 +227,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let cell = Arc::new(SnapshotCell::default());
             let snapshot = Arc::new(view.snapshot(&Snapshot::default()));
             cell.store(snapshot.clone());
+            let demand = Arc::new(Demand::default());
+            tokio::spawn(cluster::report_demand(
+                client.clone(),
+                args.node.clone(),
+                demand.clone(),
+            ));
             let plane = DataPlane::new(Some(Mesh {
                 snapshot: cell.clone(),
                 certs: certs.clone(),
                 workloads: view.clone(),
                 metrics: metrics.clone(),
                 inbound_port: args.inbound_port,
+                demand,
             }));
             let config = AgentConfig {
                 state_dir: args.state_dir.clone(),

@@ -23,6 +23,9 @@ gateway_crds="${AETHER_SHARED:-$here/../../../shared}/gateway-api-crds"
 if [ -d "$gateway_crds" ]; then
     kubectl apply --server-side -f "$gateway_crds" >/dev/null
 fi
+# helm installs a chart's CRDs only when they are missing; applying them first also brings an
+# upgraded cluster's aether CRDs up to date.
+kubectl apply --server-side --force-conflicts -f "$here/../../charts/aether/crds" >/dev/null
 # No --wait: helm would also wait for the node proxies, and this script's readiness
 # criterion is the operator's own. --take-ownership: the operator's tests apply the
 # chart's operator RBAC with kubectl, and the release adopts those objects.

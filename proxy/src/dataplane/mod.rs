@@ -83,6 +83,33 @@ impl ForwardStats {
     }
 }
 
+/// Route targets local pods dialled whose tables this node's config does not hold (the cold
+/// path): reported on the NodeConfig's status, so the operator adds them to the node's scope.
+#[derive(Debug, Default)]
+pub struct Demand {
+    targets: Mutex<std::collections::BTreeSet<String>>,
+    pub changed: tokio::sync::Notify,
+}
+
+impl Demand {
+    /// Records `target`; wakes the reporter if it is new.
+    pub fn want(&self, target: &crate::mesh::ServiceKey) {
+        let added = self
+            .targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(target.to_string());
+        if added {
+            self.changed.notify_one();
+        }
+    }
+
+    pub fn targets(&self) -> Vec<String> {
+        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        targets.iter().cloned().collect()
+    }
+}
+
 /// What the mesh part of the data plane needs (absent when the proxy runs without a cluster:
 /// then captured connections only pass through).
 pub struct Mesh {
@@ -92,6 +119,7 @@ pub struct Mesh {
     pub metrics: Arc<Metrics>,
     /// The inbound mTLS port of every meshed pod.
     pub inbound_port: u16,
+    pub demand: Arc<Demand>,
 }
 
 pub struct DataPlane {

@@ -28,6 +28,8 @@ use crate::mesh::{ServiceKey, Snapshot};
 use crate::metrics::RequestLabels;
 use crate::netns;
 
+/// How long a connection to a target whose table is not on the node waits for it.
+const COLD_PATH_WAIT: Duration = Duration::from_secs(5);
 /// Largest request body copied for mirrors; a larger one is sent on without its mirrors.
 const MIRROR_BODY_LIMIT: usize = 1 << 20;
 
@@ -54,18 +56,38 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
             format!("connection to the capture listener {listener} itself"),
         );
     }
-    let target = plane.mesh.as_ref().and_then(|mesh| {
-        let snapshot = mesh.snapshot.load();
-        let key = snapshot.captured.get(&original)?.clone();
-        snapshot.targets.contains_key(&key).then_some(key)
-    });
-    match (target, &plane.mesh) {
-        (Some(target), Some(_)) => {
+    let target = match &plane.mesh {
+        Some(mesh) => routed_target(mesh, original).await,
+        None => None,
+    };
+    match target {
+        Some(target) => {
             plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             serve_http(plane.clone(), stream, pod, target, original.port()).await;
         }
-        _ => pass_through(&plane, stream, peer, &pod, original).await,
+        None => pass_through(&plane, stream, peer, &pod, original).await,
     }
+}
+
+/// The route target a captured connection is for, when its table is here. A captured target
+/// without its table takes the cold path: the demand is reported, and the connection waits a
+/// little for the operator to add the table to this node's config.
+async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Option<ServiceKey> {
+    let snapshot = mesh.snapshot.load();
+    let key = snapshot.captured.get(&original)?.clone();
+    if snapshot.targets.contains_key(&key) {
+        return Some(key);
+    }
+    mesh.demand.want(&key);
+    let deadline = tokio::time::Instant::now() + COLD_PATH_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if mesh.snapshot.load().targets.contains_key(&key) {
+            return Some(key);
+        }
+    }
+    warn!(target = %key, "no route table for this target on the node yet; passing the connection through unrouted");
+    None
 }
 
 impl DataPlane {
