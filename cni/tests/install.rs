@@ -149,3 +149,32 @@ fn install_without_a_network_config_says_what_is_missing() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_dropped_entry_is_put_back_exactly_as_installed() {
+    let d = dirs();
+    let primary = Path::new(&d.conf).join("10-bridge.conflist");
+    let original = json!({"cniVersion": "1.0.0", "name": "k8s-pod-network",
+                          "plugins": [{"type": "bridge"}]});
+    fs::write(&primary, original.to_string()).unwrap();
+    install(&d);
+    let conf = Path::new(&d.conf);
+    let entry = aether_cni::install::chained_entry(conf).unwrap().unwrap();
+    assert_eq!(entry["type"], "aether-cni");
+
+    // Another plugin rewrites its config and our entry is gone.
+    fs::write(&primary, original.to_string()).unwrap();
+    assert_eq!(aether_cni::install::chained_entry(conf).unwrap(), None);
+    let (path, changed) = aether_cni::install::chain(conf, &entry).unwrap();
+    assert!(changed);
+    assert_eq!(path, primary);
+    assert_eq!(types(&read(&primary)), ["bridge", "aether-cni"]);
+    assert_eq!(
+        aether_cni::install::chained_entry(conf).unwrap(),
+        Some(entry.clone())
+    );
+    assert!(
+        !aether_cni::install::chain(conf, &entry).unwrap().1,
+        "idempotent"
+    );
+}

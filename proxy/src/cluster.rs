@@ -398,6 +398,48 @@ async fn remove_taint_once(nodes: &Api<Node>, name: &str) -> kube::Result<bool> 
     Ok(true)
 }
 
+/// aether-cni's entry in the node's CNI config, as the installer wrote it. Another network
+/// plugin rewriting its config would drop it, and new pods would then start uncaptured.
+#[derive(Clone, Debug)]
+pub struct CniEntry {
+    pub conf_dir: std::path::PathBuf,
+    pub entry: serde_json::Value,
+}
+
+impl CniEntry {
+    /// The entry the node's config holds now, to keep it there.
+    pub fn current(conf_dir: &std::path::Path) -> Option<CniEntry> {
+        let entry = aether_cni::install::chained_entry(conf_dir).ok()??;
+        Some(CniEntry {
+            conf_dir: conf_dir.to_owned(),
+            entry,
+        })
+    }
+
+    /// Puts the entry back if it is gone or changed; returns whether it did.
+    fn repair(&self) -> bool {
+        match aether_cni::install::chained_entry(&self.conf_dir) {
+            Ok(Some(entry)) if entry == self.entry => false,
+            Ok(_) => match aether_cni::install::chain(&self.conf_dir, &self.entry) {
+                Ok((path, changed)) => {
+                    if changed {
+                        warn!(config = %path.display(), "put aether-cni back into the node's CNI config");
+                    }
+                    changed
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot put aether-cni back into the node's CNI config");
+                    false
+                }
+            },
+            Err(e) => {
+                warn!(error = %e, "cannot read the node's CNI config");
+                false
+            }
+        }
+    }
+}
+
 /// Checks every captured pod every `period`, repairs drift, counts it and reports it as an
 /// Event on the pod.
 pub async fn repair_drift(
@@ -406,6 +448,7 @@ pub async fn repair_drift(
     agent: Arc<Agent>,
     metrics: Arc<Metrics>,
     period: Duration,
+    cni: Option<CniEntry>,
 ) {
     let recorder = Recorder::new(
         client,
@@ -416,6 +459,11 @@ pub async fn repair_drift(
     );
     loop {
         tokio::time::sleep(period).await;
+        if let Some(cni) = cni.clone()
+            && let Ok(true) = tokio::task::spawn_blocking(move || cni.repair()).await
+        {
+            metrics.drift_repaired("cni_config");
+        }
         let agent = agent.clone();
         let Ok(repairs) = tokio::task::spawn_blocking(move || agent.repair_drift()).await else {
             continue;

@@ -286,6 +286,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 agent.clone(),
                 metrics.clone(),
                 Duration::from_secs(args.drift_check_seconds.max(1)),
+                cluster::CniEntry::current(&args.cni_conf_dir),
             ));
             tokio::spawn(cluster::remove_taint(client.clone(), args.node.clone()));
             cluster = Some(view);

@@ -49,7 +49,7 @@ pub struct ResultLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DriftLabels {
-    /// `table` or `listeners`.
+    /// `table`, `listeners` or `cni_config`.
     pub what: &'static str,
 }
 

@@ -28,11 +28,13 @@ log "aether is running: operator (2 replicas) and one proxy per node"
 # Pods started before aether was there are not captured: opt the namespace in, give each
 # version its own identity, and let the Deployments roll so every pod goes through aether-cni.
 kubectl label namespace "$NS" aether.io/managed=true --overwrite >/dev/null
+stamp="$(date +%s)"
 for version in v1 v2; do
     kubectl -n "$NS" create serviceaccount "echo-$version" --dry-run=client -o yaml |
-        kubectl apply -f - >/dev/null
-    kubectl -n "$NS" patch deployment "echo-$version" --type=merge \
-        -p "{\"spec\":{\"template\":{\"spec\":{\"serviceAccountName\":\"echo-$version\"}}}}" >/dev/null
+        kubectl apply --server-side -f - >/dev/null
+    # The stamp makes the pods roll even when the ServiceAccount is already set.
+    kubectl -n "$NS" patch deployment "echo-$version" --type=merge -p \
+        "{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"aether.io/demo\":\"$stamp\"}},\"spec\":{\"serviceAccountName\":\"echo-$version\"}}}}" >/dev/null
 done
 for version in v1 v2; do
     kubectl -n "$NS" rollout status "deployment/echo-$version" --timeout=120s >/dev/null
@@ -59,6 +61,11 @@ spec:
       port: 80
       weight: 30
 EOF
+# The operator derives the RouteTarget from the route; wait for it, then for it to be Accepted.
+for _ in $(seq 120); do
+    kubectl -n "$NS" get routetarget echo >/dev/null 2>&1 && break
+    sleep 0.5
+done
 kubectl -n "$NS" wait --for=condition=Accepted routetarget/echo --timeout=60s >/dev/null
 # Every node's proxy reports the config generation it applied.
 for _ in $(seq 120); do

@@ -4,7 +4,8 @@
 # its readiness, need them), then `helm upgrade --install` of the release `aether` into the
 # namespace aether-system (created if missing); waits until the operator Deployment is
 # Available.
-# Idempotent: run again, it upgrades the release to the chart as it is now.
+# Idempotent: run again, it upgrades the release to the chart as it is now. Arguments go to
+# helm (e.g. --set ca.svidTTLSeconds=240).
 # Remove with `helm uninstall aether -n aether-system`.
 set -euo pipefail
 
@@ -30,7 +31,7 @@ kubectl apply --server-side --force-conflicts -f "$here/../../charts/aether/crds
 # criterion is the operator's own. --take-ownership: the operator's tests apply the
 # chart's operator RBAC with kubectl, and the release adopts those objects.
 helm upgrade --install aether "$here/../../charts/aether" \
-    --namespace "$NAMESPACE" --create-namespace --take-ownership --wait=false >/dev/null
+    --namespace "$NAMESPACE" --create-namespace --take-ownership --wait=false "$@" >/dev/null
 log "release aether applied in $NAMESPACE; waiting up to $TIMEOUT for the operator"
 if ! kubectl -n "$NAMESPACE" wait --for=condition=Available deployment/aether-operator \
     --timeout="$TIMEOUT" >/dev/null; then

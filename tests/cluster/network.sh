@@ -23,6 +23,9 @@ pod_cidr() { echo "10.244.$1.0/24"; }
 write_cni_config() {
     local i="$1" dir="$AETHER_STATE/nodes/node-$1/fs/etc/cni/net.d"
     mkdir -p "$dir"
+    # Written once, as a node's provisioning would: an installed plugin (aether-cni) chains
+    # itself into this file, and a second `up` must not take it out again.
+    [ -f "$dir/10-aether-node.conflist" ] && return 0
     # hairpinMode lets a pod reach a Service whose endpoint is itself.
     cat > "$dir/10-aether-node.conflist" <<EOF
 {

@@ -55,36 +55,55 @@ pub fn install(
     let target = bin_dir.join(PLUGIN_TYPE);
     let bytes = fs::read(binary).map_err(io_at(binary))?;
     write_atomic(&target, &bytes, 0o755)?;
+    let (config, config_changed) = chain(conf_dir, &plugin_entry(settings))?;
+    Ok(Installed {
+        binary: target,
+        config,
+        config_changed,
+    })
+}
 
+/// Our entry in the primary config, if it is there.
+pub fn chained_entry(conf_dir: &Path) -> Result<Option<Value>, InstallError> {
+    let names = config_names(conf_dir)?;
+    let primary =
+        primary_config(&names).ok_or_else(|| InstallError::NoConfig(conf_dir.to_owned()))?;
+    let config = read_json(&conf_dir.join(primary))?;
+    Ok(config["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["type"] == PLUGIN_TYPE)
+        .cloned())
+}
+
+/// Puts `entry` at the end of the primary config (a single-plugin config becomes a list).
+/// Returns the config's path and whether it changed. Also how the proxy puts back an entry
+/// that something else (another network plugin rewriting its config) took out.
+pub fn chain(conf_dir: &Path, entry: &Value) -> Result<(PathBuf, bool), InstallError> {
     let names = config_names(conf_dir)?;
     let primary =
         primary_config(&names).ok_or_else(|| InstallError::NoConfig(conf_dir.to_owned()))?;
     let path = conf_dir.join(primary);
     let kind = ConfKind::of(primary).unwrap_or(ConfKind::List);
     let config = read_json(&path)?;
-    let edited = with_plugin(&config, kind, &plugin_entry(settings)).map_err(|source| {
-        InstallError::Edit {
-            path: path.clone(),
-            source,
-        }
+    let edited = with_plugin(&config, kind, entry).map_err(|source| InstallError::Edit {
+        path: path.clone(),
+        source,
     })?;
     let config_path = match kind {
         ConfKind::List => path.clone(),
         ConfKind::Single => path.with_extension("conflist"),
     };
-    let config_changed = edited != config || config_path != path;
-    if config_changed {
+    let changed = edited != config || config_path != path;
+    if changed {
         write_atomic(&config_path, &pretty(&edited), 0o644)?;
     }
     if config_path != path {
         // The list now stands in for the single-plugin file; the runtime must not pick that.
         fs::remove_file(&path).map_err(io_at(&path))?;
     }
-    Ok(Installed {
-        binary: target,
-        config: config_path,
-        config_changed,
-    })
+    Ok((config_path, changed))
 }
 
 /// Removes our entry from every config list in `conf_dir`, then the binary. Idempotent.

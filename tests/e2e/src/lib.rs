@@ -7,6 +7,7 @@
 //! the tests passed or not.
 
 pub mod cases;
+pub mod mesh;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

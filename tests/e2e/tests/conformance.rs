@@ -18,39 +18,23 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use aether_e2e::cases::{Case, Cases, Test, deployment_of};
-use aether_e2e::{Cluster, conformance_dir, is_ready};
+use aether_e2e::mesh::{
+    Accounts, CONSISTENCY_TIMEOUT, CONSUMER_NS, MESH_NS, PROXY_PODS, TRUST_DOMAIN, client,
+    client_pod, install, mesh_workloads, uninstall, unmesh_workloads, wait_accepted,
+    wait_nodes_applied, wait_pods,
+};
+use aether_e2e::{Cluster, conformance_dir};
 use aether_echo::report::Exchange;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
-const MESH_NS: &str = "gateway-conformance-mesh";
-const CONSUMER_NS: &str = "gateway-conformance-mesh-consumer";
-const TRUST_DOMAIN: &str = "cluster.local";
 /// As the upstream harness: a case passes after this many successes in a row...
 const CONSECUTIVE_SUCCESSES: usize = 3;
-/// ...within this time, pausing this long after each failure.
-const CONSISTENCY_TIMEOUT: Duration = Duration::from_secs(30);
+/// ...within `CONSISTENCY_TIMEOUT`, pausing this long after each failure.
 const FAILURE_DELAY: Duration = Duration::from_secs(1);
 const WEIGHT_ATTEMPTS: usize = 10;
-const PROXY_PODS: &str = "app.kubernetes.io/name=aether-proxy";
-
-/// How the workloads run: the upstream manifests, or one ServiceAccount per version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Accounts {
-    Upstream,
-    PerVersion,
-}
-
-impl Accounts {
-    fn of(self, pod: &str) -> String {
-        match self {
-            Accounts::Upstream => "default".into(),
-            Accounts::PerVersion => deployment_of(pod).to_owned(),
-        }
-    }
-}
 
 #[derive(Debug, Default)]
 struct Outcome {
@@ -62,7 +46,7 @@ struct Outcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aether_passes_every_gamma_mesh_test_end_to_end() -> Result<()> {
     let cluster = Cluster::get().await?;
-    install(&cluster).await?;
+    install(&cluster, &[]).await?;
     // Routes left by an earlier run would change what every test sees.
     for ns in [MESH_NS, CONSUMER_NS] {
         cluster.kubectl(&[
@@ -79,6 +63,7 @@ async fn aether_passes_every_gamma_mesh_test_end_to_end() -> Result<()> {
 
     let upstream = run_suite(&cluster, &cases, Accounts::Upstream).await?;
     fails_closed_without_proxies(&cluster).await?;
+    repairs_drift(&cluster).await?;
     mesh_workloads(&cluster, Accounts::PerVersion).await?;
     let per_version = run_suite(&cluster, &cases, Accounts::PerVersion).await?;
 
@@ -114,110 +99,6 @@ async fn aether_passes_every_gamma_mesh_test_end_to_end() -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // Installing aether and meshing the workloads
 // ---------------------------------------------------------------------------------------
-
-async fn install(cluster: &Cluster) -> Result<()> {
-    let script = cluster.paths.repo.join("tests/cluster/install.sh");
-    let status = std::process::Command::new(&script).status()?;
-    if !status.success() {
-        bail!("{} failed ({status})", script.display());
-    }
-    cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "rollout",
-        "status",
-        "daemonset/aether-proxy",
-        "--timeout=120s",
-    ])?;
-    Ok(())
-}
-
-/// Labels both namespaces managed and (re)starts their workloads under `accounts`, so every
-/// pod goes through the CNI chain with aether in it.
-async fn mesh_workloads(cluster: &Cluster, accounts: Accounts) -> Result<()> {
-    for ns in [MESH_NS, CONSUMER_NS] {
-        cluster.kubectl(&[
-            "label",
-            "namespace",
-            ns,
-            "aether.io/managed=true",
-            "--overwrite",
-        ])?;
-    }
-    let deployments = [
-        (MESH_NS, "echo-v1"),
-        (MESH_NS, "echo-v2"),
-        (CONSUMER_NS, "echo-v1"),
-    ];
-    for (ns, deployment) in deployments {
-        let account = match accounts {
-            Accounts::Upstream => "default",
-            Accounts::PerVersion => {
-                cluster.apply_text(&format!(
-                    "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {deployment}\n  namespace: {ns}\n"
-                ))?;
-                deployment
-            }
-        };
-        let patch = json!({"spec": {"template": {
-            // A new value every time, so the pods are recreated (and captured) in any case.
-            "metadata": {"annotations": {"aether.io/test-restart": restart_stamp()}},
-            "spec": {"serviceAccountName": account},
-        }}});
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "patch",
-            "deployment",
-            deployment,
-            "--type=merge",
-            "-p",
-            &patch.to_string(),
-        ])?;
-    }
-    for (ns, deployment) in deployments {
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            &format!("deployment/{deployment}"),
-            "--timeout=120s",
-        ])?;
-    }
-    for (ns, count) in [(MESH_NS, 2), (CONSUMER_NS, 1)] {
-        wait_settled(cluster, ns, count).await?;
-    }
-    Ok(())
-}
-
-fn restart_stamp() -> String {
-    k8s_openapi::jiff::Timestamp::now().to_string()
-}
-
-/// Waits until `ns` has exactly `count` pods, all Ready (old ones of a rollout gone).
-async fn wait_settled(cluster: &Cluster, ns: &str, count: usize) -> Result<Vec<Pod>> {
-    wait_pods(cluster, ns, "", count).await
-}
-
-/// Waits until `ns` has exactly `count` pods matching `selector`, all Ready.
-async fn wait_pods(cluster: &Cluster, ns: &str, selector: &str, count: usize) -> Result<Vec<Pod>> {
-    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let pods = api
-            .list(&ListParams::default().labels(selector))
-            .await?
-            .items;
-        if pods.len() == count && pods.iter().all(is_ready) {
-            return Ok(pods);
-        }
-        if Instant::now() > deadline {
-            bail!("{ns}: expected {count} Ready pods, have {}", pods.len());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // The suite
@@ -257,7 +138,7 @@ async fn run_test(cluster: &Cluster, test: &Test, accounts: Accounts) -> Result<
         cluster.apply(&dir.join(manifest))?;
     }
     let mut failures = Vec::new();
-    if let Err(e) = wait_accepted(cluster, test).await {
+    if let Err(e) = wait_accepted(cluster, &test.routes).await {
         failures.push(format!("routes not accepted: {e:#}"));
     }
     wait_nodes_applied(cluster).await?;
@@ -282,103 +163,6 @@ async fn run_test(cluster: &Cluster, test: &Test, accounts: Accounts) -> Result<
     Ok(failures)
 }
 
-/// Waits until every route of the test has `Accepted=True` from aether on each of its parents.
-async fn wait_accepted(cluster: &Cluster, test: &Test) -> Result<()> {
-    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
-    for route in &test.routes {
-        let resource = format!("{}.gateway.networking.k8s.io", route.kind.to_lowercase());
-        loop {
-            let text = cluster.kubectl(&[
-                "-n",
-                &route.namespace,
-                "get",
-                &resource,
-                &route.name,
-                "-o",
-                "json",
-            ])?;
-            let object: Value = serde_json::from_str(&text)?;
-            let parents = object["status"]["parents"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let ours: Vec<&Value> = parents
-                .iter()
-                .filter(|p| p["controllerName"] == "aether.io/mesh")
-                .collect();
-            let accepted = !ours.is_empty()
-                && ours.iter().all(|p| {
-                    p["conditions"].as_array().into_iter().flatten().any(|c| {
-                        c["type"] == "Accepted"
-                            && c["status"] == "True"
-                            && c["observedGeneration"] == object["metadata"]["generation"]
-                    })
-                });
-            if accepted {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} {}/{}: {:?}",
-                    route.kind,
-                    route.namespace,
-                    route.name,
-                    ours
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    Ok(())
-}
-
-/// Waits until the operator's per-node configs are stable and every proxy applied its own.
-async fn wait_nodes_applied(cluster: &Cluster) -> Result<()> {
-    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
-    let mut previous = String::new();
-    loop {
-        let text = cluster.kubectl(&["get", "nodeconfigs", "-o", "json"])?;
-        let list: Value = serde_json::from_str(&text)?;
-        let items = list["items"].as_array().cloned().unwrap_or_default();
-        let state: Vec<(Value, Value)> = items
-            .iter()
-            .map(|i| {
-                (
-                    i["metadata"]["generation"].clone(),
-                    i["status"]["appliedGeneration"].clone(),
-                )
-            })
-            .collect();
-        let applied = !items.is_empty() && state.iter().all(|(g, a)| g == a);
-        let fingerprint = format!("{state:?}");
-        // Applied twice in a row with nothing new: the operator has caught up too.
-        if applied && fingerprint == previous {
-            return Ok(());
-        }
-        previous = fingerprint;
-        if Instant::now() > deadline {
-            bail!("node configs not applied within {CONSISTENCY_TIMEOUT:?}: {state:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-/// The client pod of a case: the first (by name) Ready pod matching its selector.
-async fn client_pod(cluster: &Cluster, ns: &str, selector: &str) -> Result<Pod> {
-    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let mut pods: Vec<Pod> = api
-        .list(&ListParams::default().labels(selector))
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
-        .collect();
-    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    pods.into_iter()
-        .next()
-        .with_context(|| format!("no Ready pod {selector} in {ns}"))
-}
-
 /// Replaces `<echo-v2-pod-ip>`-style placeholders with the pod's IP.
 async fn resolve_placeholders(cluster: &Cluster, text: &str) -> Result<String> {
     let mut out = text.to_owned();
@@ -399,22 +183,6 @@ async fn resolve_placeholders(cluster: &Cluster, text: &str) -> Result<String> {
         }
     }
     Ok(out)
-}
-
-/// Runs the echo client in the client pod's container namespaces.
-async fn client(cluster: &Cluster, pod: &Pod, args: &[String]) -> Result<Vec<Exchange>> {
-    let program = cluster.program("aether-echo");
-    let mut argv = vec![program.to_string_lossy().into_owned(), "client".to_string()];
-    argv.extend(args.iter().cloned());
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let output = cluster.exec(pod, "echo", &argv)?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    aether_echo::report::parse(&stdout).map_err(|e| {
-        anyhow::anyhow!(
-            "unreadable client output ({e}): {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
 }
 
 fn request_args(case: &Case, url: &str) -> Vec<String> {
@@ -647,7 +415,7 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
         cases: vec![],
         weighted: None,
     };
-    wait_accepted(cluster, &test).await?;
+    wait_accepted(cluster, &test.routes).await?;
     wait_nodes_applied(cluster).await?;
     let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
     let v1 = vec!["http://echo/v1".to_string()];
@@ -717,17 +485,83 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-async fn uninstall_leaves_nothing(cluster: &Cluster) -> Result<()> {
-    let helm = cluster.paths.helm();
-    let status = std::process::Command::new(&helm)
-        .arg("--kubeconfig")
-        .arg(&cluster.paths.kubeconfig)
-        .args(["uninstall", "aether", "-n", "aether-system", "--wait"])
-        .status()?;
-    if !status.success() {
-        bail!("helm uninstall failed ({status})");
+/// A pod's nft table deleted by hand, and aether-cni's entry dropped from a node's CNI
+/// config (as another network plugin rewriting its config would), are both put back by the
+/// node's proxy, and the pod gets a `CaptureRepaired` Event.
+async fn repairs_drift(cluster: &Cluster) -> Result<()> {
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("pod without node")?;
+    let netns = Cluster::netns(&pod);
+    let netns_name = netns
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    let nft = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &netns_name, "nft"])
+            .args(args)
+            .output()
+    };
+    if !nft(&["delete", "table", "inet", "aether"])?
+        .status
+        .success()
+    {
+        bail!("pod {:?} had no aether table to delete", pod.metadata.name);
     }
-    wait_settled(cluster, "aether-system", 0).await?;
+    let conflist = cluster
+        .paths
+        .state
+        .join("nodes")
+        .join(&node)
+        .join("fs/etc/cni/net.d/10-aether-node.conflist");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&conflist)?)?;
+    if let Some(plugins) = config["plugins"].as_array_mut() {
+        plugins.retain(|p| p["type"] != "aether-cni");
+    }
+    std::fs::write(&conflist, serde_json::to_vec_pretty(&config)?)?;
+
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let table = nft(&["list", "table", "inet", "aether"])?.status.success();
+        let chained = std::fs::read_to_string(&conflist)?.contains("aether-cni");
+        if table && chained {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("drift not repaired within 40 s: table {table}, CNI entry {chained}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let events = cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name},reason=CaptureRepaired"),
+        "-o",
+        "name",
+    ])?;
+    if events.trim().is_empty() {
+        bail!("no CaptureRepaired Event on pod {name}");
+    }
+    // And the repaired pod is served through the mesh again.
+    let served = client(cluster, &pod, &["http://echo-v2/".to_string()]).await?;
+    if served.first().and_then(|e| e.status) != Some(200) {
+        bail!("after the repair, echo-v2 is not reachable: {served:?}");
+    }
+    eprintln!("a deleted pod table and a dropped CNI entry were repaired, with an Event");
+    Ok(())
+}
+
+async fn uninstall_leaves_nothing(cluster: &Cluster) -> Result<()> {
+    uninstall(cluster).await?;
     let mut leftovers = Vec::new();
     for ns in [MESH_NS, CONSUMER_NS] {
         let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
@@ -764,39 +598,6 @@ async fn uninstall_leaves_nothing(cluster: &Cluster) -> Result<()> {
         bail!("after uninstall, echo is not reachable: {plain:?}");
     }
     eprintln!("helm uninstall left no table in any pod and no entry in any CNI config");
-    Ok(())
-}
-
-/// Leaves the workloads as `tests/cluster/up.sh` made them, for the tests that run next.
-fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
-    for ns in [MESH_NS, CONSUMER_NS] {
-        cluster.kubectl(&["label", "namespace", ns, "aether.io/managed-"])?;
-    }
-    for (ns, deployment) in [
-        (MESH_NS, "echo-v1"),
-        (MESH_NS, "echo-v2"),
-        (CONSUMER_NS, "echo-v1"),
-    ] {
-        let patch = json!({"spec": {"template": {"spec": {"serviceAccountName": "default"}}}});
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "patch",
-            "deployment",
-            deployment,
-            "--type=merge",
-            "-p",
-            &patch.to_string(),
-        ])?;
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            &format!("deployment/{deployment}"),
-            "--timeout=120s",
-        ])?;
-    }
     Ok(())
 }
 

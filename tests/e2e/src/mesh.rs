@@ -1,0 +1,313 @@
+//! aether in the local cluster: installing the chart, meshing the conformance workloads,
+//! waiting for configuration to reach every node, and running the echo client in a pod.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+
+use aether_echo::report::Exchange;
+
+use crate::cases::{RouteRef, deployment_of};
+use crate::{Cluster, is_ready};
+
+pub const MESH_NS: &str = "gateway-conformance-mesh";
+pub const CONSUMER_NS: &str = "gateway-conformance-mesh-consumer";
+pub const TRUST_DOMAIN: &str = "cluster.local";
+/// The proxies' pods.
+pub const PROXY_PODS: &str = "app.kubernetes.io/name=aether-proxy";
+/// How long configuration may take to reach every node (the upstream harness's bound).
+pub const CONSISTENCY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the workloads run: the upstream manifests, or one ServiceAccount per version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accounts {
+    Upstream,
+    PerVersion,
+}
+
+impl Accounts {
+    /// The ServiceAccount of a pod of the conformance Deployments.
+    pub fn of(self, pod: &str) -> String {
+        match self {
+            Accounts::Upstream => "default".into(),
+            Accounts::PerVersion => deployment_of(pod).to_owned(),
+        }
+    }
+}
+
+/// `tests/cluster/install.sh` (helm upgrade --install) with extra helm arguments, then waits for
+/// every node's proxy.
+pub async fn install(cluster: &Cluster, helm_args: &[&str]) -> Result<()> {
+    let script = cluster.paths.repo.join("tests/cluster/install.sh");
+    let status = std::process::Command::new(&script)
+        .args(helm_args)
+        .status()?;
+    if !status.success() {
+        bail!("{} failed ({status})", script.display());
+    }
+    cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "rollout",
+        "status",
+        "daemonset/aether-proxy",
+        "--timeout=120s",
+    ])?;
+    Ok(())
+}
+
+/// `helm uninstall`, waiting until every pod of the release is gone.
+pub async fn uninstall(cluster: &Cluster) -> Result<()> {
+    let status = std::process::Command::new(cluster.paths.helm())
+        .arg("--kubeconfig")
+        .arg(&cluster.paths.kubeconfig)
+        .args(["uninstall", "aether", "-n", "aether-system", "--wait"])
+        .status()?;
+    if !status.success() {
+        bail!("helm uninstall failed ({status})");
+    }
+    wait_settled(cluster, "aether-system", 0).await?;
+    Ok(())
+}
+
+/// Labels both namespaces managed and (re)starts their workloads under `accounts`, so every
+/// pod goes through the CNI chain with aether in it.
+pub async fn mesh_workloads(cluster: &Cluster, accounts: Accounts) -> Result<()> {
+    for ns in [MESH_NS, CONSUMER_NS] {
+        cluster.kubectl(&[
+            "label",
+            "namespace",
+            ns,
+            "aether.io/managed=true",
+            "--overwrite",
+        ])?;
+    }
+    let deployments = [
+        (MESH_NS, "echo-v1"),
+        (MESH_NS, "echo-v2"),
+        (CONSUMER_NS, "echo-v1"),
+    ];
+    for (ns, deployment) in deployments {
+        let account = match accounts {
+            Accounts::Upstream => "default",
+            Accounts::PerVersion => {
+                cluster.apply_text(&format!(
+                    "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {deployment}\n  namespace: {ns}\n"
+                ))?;
+                deployment
+            }
+        };
+        let patch = json!({"spec": {"template": {
+            // A new value every time, so the pods are recreated (and captured) in any case.
+            "metadata": {"annotations": {"aether.io/test-restart": restart_stamp()}},
+            "spec": {"serviceAccountName": account},
+        }}});
+        cluster.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "deployment",
+            deployment,
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])?;
+    }
+    for (ns, deployment) in deployments {
+        cluster.kubectl(&[
+            "-n",
+            ns,
+            "rollout",
+            "status",
+            &format!("deployment/{deployment}"),
+            "--timeout=120s",
+        ])?;
+    }
+    for (ns, count) in [(MESH_NS, 2), (CONSUMER_NS, 1)] {
+        wait_settled(cluster, ns, count).await?;
+    }
+    Ok(())
+}
+
+fn restart_stamp() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// Waits until `ns` has exactly `count` pods, all Ready (old ones of a rollout gone).
+pub async fn wait_settled(cluster: &Cluster, ns: &str, count: usize) -> Result<Vec<Pod>> {
+    wait_pods(cluster, ns, "", count).await
+}
+
+/// Waits until `ns` has exactly `count` pods matching `selector`, all Ready.
+pub async fn wait_pods(
+    cluster: &Cluster,
+    ns: &str,
+    selector: &str,
+    count: usize,
+) -> Result<Vec<Pod>> {
+    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods = api
+            .list(&ListParams::default().labels(selector))
+            .await?
+            .items;
+        if pods.len() == count && pods.iter().all(is_ready) {
+            return Ok(pods);
+        }
+        if Instant::now() > deadline {
+            bail!("{ns}: expected {count} Ready pods, have {}", pods.len());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until every route has `Accepted=True` from aether on each of its parents, for its
+/// current generation.
+pub async fn wait_accepted(cluster: &Cluster, routes: &[RouteRef]) -> Result<()> {
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    for route in routes {
+        let resource = format!("{}.gateway.networking.k8s.io", route.kind.to_lowercase());
+        loop {
+            let text = cluster.kubectl(&[
+                "-n",
+                &route.namespace,
+                "get",
+                &resource,
+                &route.name,
+                "-o",
+                "json",
+            ])?;
+            let object: Value = serde_json::from_str(&text)?;
+            let parents = object["status"]["parents"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let ours: Vec<&Value> = parents
+                .iter()
+                .filter(|p| p["controllerName"] == "aether.io/mesh")
+                .collect();
+            let accepted = !ours.is_empty()
+                && ours.iter().all(|p| {
+                    p["conditions"].as_array().into_iter().flatten().any(|c| {
+                        c["type"] == "Accepted"
+                            && c["status"] == "True"
+                            && c["observedGeneration"] == object["metadata"]["generation"]
+                    })
+                });
+            if accepted {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} {}/{}: {:?}",
+                    route.kind,
+                    route.namespace,
+                    route.name,
+                    ours
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the operator's per-node configs are stable and every proxy applied its own.
+pub async fn wait_nodes_applied(cluster: &Cluster) -> Result<()> {
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    let mut previous = String::new();
+    loop {
+        let text = cluster.kubectl(&["get", "nodeconfigs", "-o", "json"])?;
+        let list: Value = serde_json::from_str(&text)?;
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        let state: Vec<(Value, Value)> = items
+            .iter()
+            .map(|i| {
+                (
+                    i["metadata"]["generation"].clone(),
+                    i["status"]["appliedGeneration"].clone(),
+                )
+            })
+            .collect();
+        let applied = !items.is_empty() && state.iter().all(|(g, a)| g == a);
+        let fingerprint = format!("{state:?}");
+        // Applied twice in a row with nothing new: the operator has caught up too.
+        if applied && fingerprint == previous {
+            return Ok(());
+        }
+        previous = fingerprint;
+        if Instant::now() > deadline {
+            bail!("node configs not applied within {CONSISTENCY_TIMEOUT:?}: {state:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The client pod of a case: the first (by name) Ready pod matching its selector.
+pub async fn client_pod(cluster: &Cluster, ns: &str, selector: &str) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let mut pods: Vec<Pod> = api
+        .list(&ListParams::default().labels(selector))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+        .collect();
+    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    pods.into_iter()
+        .next()
+        .with_context(|| format!("no Ready pod {selector} in {ns}"))
+}
+
+/// Runs the echo client in the client pod's container namespaces.
+pub async fn client(cluster: &Cluster, pod: &Pod, args: &[String]) -> Result<Vec<Exchange>> {
+    let program = cluster.program("aether-echo");
+    let mut argv = vec![program.to_string_lossy().into_owned(), "client".to_string()];
+    argv.extend(args.iter().cloned());
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let output = cluster.exec(pod, "echo", &argv)?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    aether_echo::report::parse(&stdout).map_err(|e| {
+        anyhow::anyhow!(
+            "unreadable client output ({e}): {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// Leaves the workloads as `tests/cluster/up.sh` made them, for the tests that run next.
+pub fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
+    for ns in [MESH_NS, CONSUMER_NS] {
+        cluster.kubectl(&["label", "namespace", ns, "aether.io/managed-"])?;
+    }
+    for (ns, deployment) in [
+        (MESH_NS, "echo-v1"),
+        (MESH_NS, "echo-v2"),
+        (CONSUMER_NS, "echo-v1"),
+    ] {
+        let patch = json!({"spec": {"template": {"spec": {"serviceAccountName": "default"}}}});
+        cluster.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "deployment",
+            deployment,
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])?;
+        cluster.kubectl(&[
+            "-n",
+            ns,
+            "rollout",
+            "status",
+            &format!("deployment/{deployment}"),
+            "--timeout=120s",
+        ])?;
+    }
+    Ok(())
+}
