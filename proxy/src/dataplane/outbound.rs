@@ -2,6 +2,7 @@
 //! holds is served as HTTP (1.1 or 2, detected per connection) and routed per request; any
 //! other captured connection passes through unchanged to its original destination.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -474,12 +475,8 @@ impl Connection {
             }
         };
         let peer_id = conn.peer.spiffe_id(mesh.certs.trust().trust_domain());
-        let allowed = snapshot.identities.get(service);
-        if !allowed.is_some_and(|ids| ids.contains(&peer_id)) {
-            return Err(format!(
-                "endpoint {endpoint} of {service} presented {peer_id}, which is not an identity allowed for {service}"
-            ));
-        }
+        check_peer(snapshot.identities.get(service), &peer_id)
+            .map_err(|why| format!("endpoint {endpoint} of {service}: {why}"))?;
         parts.headers.insert(
             FORWARD_HEADER,
             forward_value(endpoint.port(), parts.version),
@@ -493,6 +490,21 @@ impl Connection {
     }
 }
 
+/// A backend's peer must prove one of the identities the backend Service may present (the
+/// ServiceAccounts of its pods); an endpoint holding another workload's certificate, or a
+/// Service whose identities are unknown, gets no request.
+fn check_peer(allowed: Option<&BTreeSet<String>>, peer: &str) -> Result<(), String> {
+    match allowed {
+        Some(ids) if ids.contains(peer) => Ok(()),
+        Some(ids) => Err(format!(
+            "presented {peer}, not one of the allowed identities {ids:?}"
+        )),
+        None => Err(format!(
+            "presented {peer}, but no identity is known for the Service yet"
+        )),
+    }
+}
+
 fn route_name(rule: &aether_routing::table::Rule) -> String {
     format!(
         "{}/{}/{}",
@@ -500,4 +512,28 @@ fn route_name(rule: &aether_routing::table::Rule) -> String {
         rule.route.namespace,
         rule.route.name
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_allowed_identity_gets_the_request() {
+        let v1 = "spiffe://cluster.local/ns/shop/sa/v1";
+        let allowed: BTreeSet<String> = [v1.to_string()].into();
+        assert_eq!(check_peer(Some(&allowed), v1), Ok(()));
+        let other = check_peer(Some(&allowed), "spiffe://cluster.local/ns/shop/sa/intruder");
+        assert!(
+            other
+                .unwrap_err()
+                .contains("not one of the allowed identities")
+        );
+        assert!(
+            check_peer(None, v1)
+                .unwrap_err()
+                .contains("no identity is known")
+        );
+        assert!(check_peer(Some(&BTreeSet::new()), v1).is_err());
+    }
 }

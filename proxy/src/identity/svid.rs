@@ -25,6 +25,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Retry delays after a failed request, doubling up to the last.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// The shortest time between two renewals of one SVID.
+const MIN_RENEWAL: Duration = Duration::from_secs(5);
 /// How often the manager looks at what needs renewing when nothing else wakes it.
 const TICK: Duration = Duration::from_secs(1);
 
@@ -68,19 +70,18 @@ pub struct CaClient {
 pub struct Issued {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
-    pub not_before: SystemTime,
     pub not_after: SystemTime,
     pub trust_bundle: String,
 }
 
 impl Issued {
-    /// When to renew: half-way through the certificate's life.
-    pub fn renew_at(&self, now: SystemTime) -> SystemTime {
-        let life = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
-        (self.not_before + life / 2).max(now)
+    /// When to renew, given the certificate arrived at `received`: half-way through the time
+    /// it has left. Not from `not_before`, which the CA backdates for clock skew (with a short
+    /// lifetime, half of the nominal life may already be over on arrival). Never sooner than
+    /// [`MIN_RENEWAL`], so a certificate that arrives nearly expired cannot make a busy loop.
+    pub fn renew_at(&self, received: SystemTime) -> SystemTime {
+        let left = self.not_after.duration_since(received).unwrap_or_default();
+        received + (left / 2).max(MIN_RENEWAL)
     }
 }
 
@@ -135,11 +136,10 @@ impl CaClient {
         let leaf = chain
             .first()
             .ok_or_else(|| SvidError::Answer("certChain is empty".into()))?;
-        let (not_before, not_after) = validity(leaf)?;
+        let not_after = not_after(leaf)?;
         Ok(Issued {
             chain,
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            not_before,
             not_after,
             trust_bundle: answer.trust_bundle,
         })
@@ -210,16 +210,11 @@ impl CaClient {
     }
 }
 
-fn validity(der: &CertificateDer<'_>) -> Result<(SystemTime, SystemTime), SvidError> {
+fn not_after(der: &CertificateDer<'_>) -> Result<SystemTime, SvidError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| SvidError::Answer(format!("leaf certificate: {e}")))?;
-    let at = |t: x509_parser::time::ASN1Time| {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(t.timestamp().max(0) as u64)
-    };
-    Ok((
-        at(cert.validity().not_before),
-        at(cert.validity().not_after),
-    ))
+    let seconds = cert.validity().not_after.timestamp().max(0) as u64;
+    Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
 /// Keeps an SVID installed in `certs` for exactly the ServiceAccounts in `wanted`, renewing
@@ -311,18 +306,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renewal_is_half_way_and_never_in_the_past() {
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+    fn renewal_is_half_way_through_the_time_left_and_never_immediate() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        // A 4-minute lifetime (the CA also backdates its start, which must not matter).
         let issued = Issued {
             chain: vec![],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(vec![])),
-            not_before: start,
-            not_after: start + Duration::from_secs(3_600),
+            not_after: now + Duration::from_secs(240),
             trust_bundle: String::new(),
         };
-        assert_eq!(issued.renew_at(start), start + Duration::from_secs(1_800));
-        let late = start + Duration::from_secs(3_000);
-        assert_eq!(issued.renew_at(late), late);
+        assert_eq!(issued.renew_at(now), now + Duration::from_secs(120));
+        let late = now + Duration::from_secs(236);
+        assert_eq!(issued.renew_at(late), late + MIN_RENEWAL);
+        let expired = now + Duration::from_secs(1_000);
+        assert_eq!(issued.renew_at(expired), expired + MIN_RENEWAL);
     }
 
     #[test]

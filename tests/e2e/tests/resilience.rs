@@ -72,13 +72,25 @@ async fn traffic_survives_an_api_server_outage_and_svid_renewal() -> Result<()> 
     let outage = Instant::now();
     eprintln!("stopped the API server for {OUTAGE:?}");
     tokio::time::sleep(OUTAGE).await;
-    let restarted =
-        std::process::Command::new(cluster.paths.repo.join("tests/cluster/control-plane.sh"))
+    // The controller manager and the scheduler exit when they cannot renew their leases (a
+    // supervisor restarts them in a real cluster); `up` starts whatever is not running. It is
+    // retried, as a controller may still be exiting during the first attempt.
+    let control_plane = cluster.paths.repo.join("tests/cluster/control-plane.sh");
+    let mut restarted = false;
+    for _ in 0..5 {
+        restarted = std::process::Command::new(&control_plane)
             .arg("up")
             .stdout(std::process::Stdio::null())
-            .status()?;
-    if !restarted.success() {
-        bail!("cannot start the API server again");
+            .stderr(std::process::Stdio::null())
+            .status()?
+            .success();
+        if restarted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if !restarted {
+        bail!("cannot start the control plane again");
     }
     eprintln!("the API server is back after {:?}", outage.elapsed());
 
@@ -116,15 +128,18 @@ async fn traffic_survives_an_api_server_outage_and_svid_renewal() -> Result<()> 
         );
     }
     let issued_after = svids_issued(&cluster)?;
-    if issued_after <= issued_before {
+    // Each ServiceAccount on each node is renewed about once in the stream (at half of 240 s);
+    // far more would be a renewal loop.
+    let renewals = issued_after.saturating_sub(issued_before);
+    if renewals == 0 || renewals > 20 {
         bail!(
-            "no SVID was renewed during the stream ({issued_before} issued before, {issued_after} after)"
+            "{renewals} SVID renewals during the stream: expected a few ({issued_before} before, {issued_after} after)"
         );
     }
     eprintln!(
         "{} requests, none failed, through a {OUTAGE:?} API server outage and {} SVID renewals",
         exchanges.len(),
-        issued_after - issued_before
+        renewals
     );
 
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
