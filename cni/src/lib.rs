@@ -13,3 +13,16 @@ pub mod install;
 pub mod nft;
 pub mod plugin;
 pub mod protocol;
+
+/// An error and its causes, for messages a person reads: a client library's own message
+/// alone ("client error (Connect)") hides the one a person needs ("Connection refused").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

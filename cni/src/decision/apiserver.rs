@@ -22,33 +22,20 @@ pub enum LookupError {
         path: PathBuf,
         source: KubeconfigError,
     },
-    #[error("cannot build an API client from kubeconfig {}: {}", path.display(), causes(.source))]
+    #[error("cannot build an API client from kubeconfig {}: {}", path.display(), crate::error_chain(.source))]
     Client {
         path: PathBuf,
         source: Box<kube::Error>,
     },
     #[error("cannot start the API client's runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("reading {what} from the API server failed: {}", causes(.source))]
+    #[error("reading {what} from the API server failed: {}", crate::error_chain(.source))]
     Api {
         what: String,
         source: Box<kube::Error>,
     },
     #[error("the API server did not answer within {0:?}")]
     Timeout(Duration),
-}
-
-/// The error and its causes: kube's own message alone ("client error (Connect)") hides the
-/// one a person needs ("Connection refused").
-fn causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Reads the namespace's labels and the pod's annotations, then decides. Bounded by `timeout`.

@@ -151,7 +151,7 @@ impl PodClients {
             .await
             .map_err(|e| ClientError::Request {
                 to,
-                reason: error_chain(&e),
+                reason: aether_cni::error_chain(&e),
             })
     }
 
@@ -216,18 +216,6 @@ impl PodClients {
         });
         Ok(MeshConn { send, peer })
     }
-}
-
-/// An error with its causes, for messages a user reads.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

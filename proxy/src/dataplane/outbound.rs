@@ -486,7 +486,7 @@ impl Connection {
         parts.version = Version::HTTP_2;
         conn.send(Request::from_parts(parts, body))
             .await
-            .map_err(|e| super::clients::error_chain(&e))
+            .map_err(|e| aether_cni::error_chain(&e))
     }
 }
 

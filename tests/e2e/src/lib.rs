@@ -189,6 +189,41 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// `kubectl patch` of `target` (`kind/name`) in `namespace` with a patch of `kind`
+    /// (`merge` or `json`).
+    pub fn patch(
+        &self,
+        namespace: &str,
+        target: &str,
+        kind: &str,
+        patch: &serde_json::Value,
+    ) -> Result<()> {
+        let kind = format!("--type={kind}");
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "patch",
+            target,
+            &kind,
+            "-p",
+            &patch.to_string(),
+        ])
+        .map(|_| ())
+    }
+
+    /// Waits (up to 2 minutes) until the rollout of `target` (`kind/name`) is complete.
+    pub fn rollout_status(&self, namespace: &str, target: &str) -> Result<()> {
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            target,
+            "--timeout=120s",
+        ])
+        .map(|_| ())
+    }
+
     /// Applies a manifest file (server-side, so it can be re-applied).
     pub fn apply(&self, file: &Path) -> Result<()> {
         self.kubectl(&[

@@ -48,14 +48,7 @@ pub async fn install(cluster: &Cluster, helm_args: &[&str]) -> Result<()> {
     if !status.success() {
         bail!("{} failed ({status})", script.display());
     }
-    cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "rollout",
-        "status",
-        "daemonset/aether-proxy",
-        "--timeout=120s",
-    ])?;
+    cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
     Ok(())
 }
 
@@ -105,26 +98,10 @@ pub async fn mesh_workloads(cluster: &Cluster, accounts: Accounts) -> Result<()>
             "metadata": {"annotations": {"aether.io/test-restart": restart_stamp()}},
             "spec": {"serviceAccountName": account},
         }}});
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "patch",
-            "deployment",
-            deployment,
-            "--type=merge",
-            "-p",
-            &patch.to_string(),
-        ])?;
+        cluster.patch(ns, &format!("deployment/{deployment}"), "merge", &patch)?;
     }
     for (ns, deployment) in deployments {
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            &format!("deployment/{deployment}"),
-            "--timeout=120s",
-        ])?;
+        cluster.rollout_status(ns, &format!("deployment/{deployment}"))?;
     }
     for (ns, count) in [(MESH_NS, 2), (CONSUMER_NS, 1)] {
         wait_settled(cluster, ns, count).await?;
@@ -290,24 +267,8 @@ pub fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
         (CONSUMER_NS, "echo-v1"),
     ] {
         let patch = json!({"spec": {"template": {"spec": {"serviceAccountName": "default"}}}});
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "patch",
-            "deployment",
-            deployment,
-            "--type=merge",
-            "-p",
-            &patch.to_string(),
-        ])?;
-        cluster.kubectl(&[
-            "-n",
-            ns,
-            "rollout",
-            "status",
-            &format!("deployment/{deployment}"),
-            "--timeout=120s",
-        ])?;
+        cluster.patch(ns, &format!("deployment/{deployment}"), "merge", &patch)?;
+        cluster.rollout_status(ns, &format!("deployment/{deployment}"))?;
     }
     Ok(())
 }

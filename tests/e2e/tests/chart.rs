@@ -454,15 +454,18 @@ fn rbac_is_least_privilege() -> Result<()> {
         );
     }
 
-    // The proxy writes only its NodeConfig's status, its node's taint and events.
+    // The proxy writes only its NodeConfig's status, its node's taint and events, and mints
+    // tokens for the CNI plugin's fallback identity alone.
     for rule in rules_of(&objects, "aether-proxy") {
         for verb in strings(&rule["verbs"]) {
             if matches!(verb, "get" | "list" | "watch") {
                 continue;
             }
             for resource in strings(&rule["resources"]) {
+                let token_for_cni = resource == "serviceaccounts/token"
+                    && strings(&rule["resourceNames"]) == ["aether-cni"];
                 assert!(
-                    matches!(resource, "nodeconfigs/status" | "nodes" | "events"),
+                    matches!(resource, "nodeconfigs/status" | "nodes" | "events") || token_for_cni,
                     "aether-proxy may {verb} {resource}"
                 );
             }

@@ -425,16 +425,7 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
     }
 
     let park = json!({"spec": {"template": {"spec": {"nodeSelector": {"aether.io/test-parked": "true"}}}}});
-    cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "patch",
-        "daemonset",
-        "aether-proxy",
-        "--type=merge",
-        "-p",
-        &park.to_string(),
-    ])?;
+    cluster.patch("aether-system", "daemonset/aether-proxy", "merge", &park)?;
     wait_pods(cluster, "aether-system", PROXY_PODS, 0).await?;
     let failed = client(cluster, &pod, &v1).await;
     let closed = match &failed {
@@ -447,24 +438,8 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
     eprintln!("with the proxies stopped, a route-target request fails closed");
 
     let unpark = json!([{"op": "remove", "path": "/spec/template/spec/nodeSelector/aether.io~1test-parked"}]);
-    cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "patch",
-        "daemonset",
-        "aether-proxy",
-        "--type=json",
-        "-p",
-        &unpark.to_string(),
-    ])?;
-    cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "rollout",
-        "status",
-        "daemonset/aether-proxy",
-        "--timeout=120s",
-    ])?;
+    cluster.patch("aether-system", "daemonset/aether-proxy", "json", &unpark)?;
+    cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
     let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
     loop {
         let again = client(cluster, &pod, &v1).await;

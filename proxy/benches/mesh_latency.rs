@@ -1,0 +1,500 @@
+//! Added latency and throughput of the mesh hop, on the local cluster, in one run:
+//!
+//! - **direct**: the client pod to the server pod's IP (no proxy);
+//! - **aether**: the client pod to the route target's ClusterIP, captured, routed, over
+//!   HTTP/2 + mTLS between the two node proxies, to the server pod;
+//! - **nginx pair**: the same two hops with Debian's nginx: one in the client pod's network
+//!   namespace, one in the server pod's, mutual TLS 1.3 between them, keep-alive pools.
+//!
+//! Client `echo-v1` and server `echo-v2` run on different nodes. For each, 1,000 requests/s for
+//! a few seconds (latency p50/p99, measured from each request's send to its response's end),
+//! then saturation (16 keep-alive connections in a closed loop: requests/s). Also the node
+//! proxy's RSS per captured pod. Prints a table; medians over the run, on a noisy machine.
+//!
+//! `cargo bench -p aether-proxy --bench mesh_latency` (root; installs nginx-light with apt if
+//! it is missing, and aether with helm; leaves the cluster as it found it).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aether_e2e::Cluster;
+use aether_e2e::cases::RouteRef;
+use aether_e2e::mesh::{
+    Accounts, MESH_NS, client_pod, install, mesh_workloads, uninstall, unmesh_workloads,
+    wait_accepted, wait_nodes_applied, wait_pods,
+};
+use anyhow::{Context, Result, bail};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+
+const RATE: u64 = 1_000;
+const RATE_SECONDS: u64 = 5;
+const SATURATION_CONNECTIONS: usize = 16;
+const SATURATION_SECONDS: u64 = 5;
+const EXTRA_PODS: usize = 20;
+const NGINX_CLIENT_PORT: u16 = 18080;
+const NGINX_SERVER_PORT: u16 = 18443;
+
+#[derive(Debug)]
+struct Figures {
+    p50: Duration,
+    p99: Duration,
+    errors: usize,
+    saturation_rps: f64,
+}
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    ensure_nginx()?;
+    install(&cluster, &[]).await?;
+    mesh_workloads(&cluster, Accounts::Upstream).await?;
+    let (client, server) = pods_on_two_nodes(&cluster).await?;
+    // A route on echo-v2 makes it a route target: its ClusterIP is captured.
+    cluster.apply_text(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: bench\n  namespace: {MESH_NS}\nspec:\n  parentRefs:\n  - {{group: \"\", kind: Service, name: echo-v2, port: 80}}\n  rules:\n  - backendRefs:\n    - {{name: echo-v2, port: 80}}\n"
+    ))?;
+    let route = RouteRef {
+        kind: "HTTPRoute".into(),
+        name: "bench".into(),
+        namespace: MESH_NS.into(),
+        parent_ref: None,
+    };
+    wait_accepted(&cluster, std::slice::from_ref(&route)).await?;
+    wait_nodes_applied(&cluster).await?;
+
+    let server_ip = pod_ip(&server)?;
+    let cluster_ip = cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "get",
+        "service",
+        "echo-v2",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    let client_netns = Cluster::netns(&client);
+    let server_netns = Cluster::netns(&server);
+    let nginx = NginxPair::start(&client_netns, &server_netns, &server_ip)?;
+
+    let targets = [
+        ("direct", format!("{server_ip}:8080")),
+        ("aether", format!("{cluster_ip}:80")),
+        ("nginx pair", format!("127.0.0.1:{NGINX_CLIENT_PORT}")),
+    ];
+    let mut results = Vec::new();
+    for (name, addr) in &targets {
+        let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
+        let figures = measure_in(&client_netns, addr)?;
+        eprintln!("{name}: {figures:?}");
+        results.push((*name, figures));
+    }
+    drop(nginx);
+    let rss = rss_per_pod(&cluster, &client).await?;
+
+    cluster.kubectl(&["-n", MESH_NS, "delete", "httproute", "bench", "--wait"])?;
+    uninstall(&cluster).await?;
+    unmesh_workloads(&cluster)?;
+
+    let direct = &results[0].1;
+    println!(
+        "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then {SATURATION_CONNECTIONS} connections closed-loop for {SATURATION_SECONDS} s"
+    );
+    println!(
+        "{:<11} {:>10} {:>10} {:>12} {:>12} {:>10} {:>8}",
+        "path", "p50", "p99", "added p50", "added p99", "sat. rps", "errors"
+    );
+    for (name, f) in &results {
+        println!(
+            "{:<11} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>8}",
+            name,
+            f.p50,
+            f.p99,
+            f.p50.saturating_sub(direct.p50),
+            f.p99.saturating_sub(direct.p99),
+            f.saturation_rps,
+            f.errors
+        );
+    }
+    let (aether, pair) = (&results[1].1, &results[2].1);
+    println!(
+        "aether / nginx pair saturation: {:.2}; proxy RSS per captured pod: {rss}",
+        aether.saturation_rps / pair.saturation_rps.max(1.0)
+    );
+    Ok(())
+}
+
+fn ensure_nginx() -> Result<()> {
+    if Path::new("/usr/sbin/nginx").exists() {
+        return Ok(());
+    }
+    let status = Command::new("apt-get")
+        .args([
+            "-qq",
+            "-o",
+            "DPkg::Lock::Timeout=600",
+            "install",
+            "-y",
+            "nginx-light",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
+    if !status.success() {
+        bail!("apt-get install nginx-light failed ({status})");
+    }
+    // The package starts a system nginx on port 80; the bench runs its own.
+    let _ = Command::new("systemctl")
+        .args(["disable", "--now", "nginx"])
+        .status();
+    Ok(())
+}
+
+/// The first echo-v1 pod and an echo-v2 pod on another node (rescheduling echo-v2 if needed).
+async fn pods_on_two_nodes(cluster: &Cluster) -> Result<(Pod, Pod)> {
+    for _ in 0..5 {
+        let client = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+        let server = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
+        let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+        if node(&client) != node(&server) {
+            return Ok((client, server));
+        }
+        let name = server.metadata.name.clone().unwrap_or_default();
+        cluster.kubectl(&["-n", MESH_NS, "delete", "pod", &name, "--wait"])?;
+        wait_pods(cluster, MESH_NS, "app=echo,version=v2", 1).await?;
+    }
+    bail!("echo-v1 and echo-v2 keep landing on the same node")
+}
+
+fn pod_ip(pod: &Pod) -> Result<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("pod without an IP")
+}
+
+/// Runs the load inside `netns` on a thread of its own (sockets belong to the namespace of the
+/// thread that creates them), with its own single-threaded runtime.
+fn measure_in(netns: &Path, addr: SocketAddr) -> Result<Figures> {
+    let ns = std::fs::File::open(netns).with_context(|| format!("{}", netns.display()))?;
+    std::thread::spawn(move || -> Result<Figures> {
+        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            // Warm the path (connections, TLS, pools) before measuring.
+            saturate(addr, 4, Duration::from_secs(1)).await?;
+            let (latencies, errors) = fixed_rate(addr).await?;
+            let saturation_rps = saturate(
+                addr,
+                SATURATION_CONNECTIONS,
+                Duration::from_secs(SATURATION_SECONDS),
+            )
+            .await?;
+            Ok(Figures {
+                p50: percentile(&latencies, 0.50),
+                p99: percentile(&latencies, 0.99),
+                errors,
+                saturation_rps,
+            })
+        })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the load thread panicked"))?
+}
+
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(send)
+}
+
+async fn request(send: &mut SendRequest<Empty<Bytes>>, host: &str) -> Result<()> {
+    send.ready().await?;
+    let response = send
+        .send_request(
+            http::Request::get("/")
+                .header(http::header::HOST, host)
+                .body(Empty::new())?,
+        )
+        .await?;
+    let status = response.status();
+    response.into_body().collect().await?;
+    if !status.is_success() {
+        bail!("status {status}");
+    }
+    Ok(())
+}
+
+/// `RATE` requests per second for `RATE_SECONDS`, each on an idle keep-alive connection (a new
+/// one when none is idle). Returns every latency and the number of failures.
+async fn fixed_rate(addr: SocketAddr) -> Result<(Vec<Duration>, usize)> {
+    let idle: Arc<Mutex<VecDeque<SendRequest<Empty<Bytes>>>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let errors = Arc::new(Mutex::new(0usize));
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = tokio::task::JoinSet::new();
+    let host = addr.to_string();
+    for _ in 0..RATE * RATE_SECONDS {
+        tick.tick().await;
+        let (idle, latencies, errors, host) = (
+            idle.clone(),
+            latencies.clone(),
+            errors.clone(),
+            host.clone(),
+        );
+        tasks.spawn(async move {
+            let pooled = idle.lock().unwrap().pop_front();
+            let conn = match pooled {
+                Some(conn) => Ok(conn),
+                None => connect(addr).await,
+            };
+            let started = Instant::now();
+            let result = match conn {
+                Ok(mut conn) => request(&mut conn, &host).await.map(|()| conn),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(conn) => {
+                    latencies.lock().unwrap().push(started.elapsed());
+                    idle.lock().unwrap().push_back(conn);
+                }
+                Err(_) => *errors.lock().unwrap() += 1,
+            }
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let latencies = std::mem::take(&mut *latencies.lock().unwrap());
+    let errors = *errors.lock().unwrap();
+    Ok((latencies, errors))
+}
+
+/// Requests per second with `connections` keep-alive connections in a closed loop.
+async fn saturate(addr: SocketAddr, connections: usize, length: Duration) -> Result<f64> {
+    let deadline = Instant::now() + length;
+    let host = addr.to_string();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..connections {
+        let host = host.clone();
+        tasks.spawn(async move {
+            let mut conn = connect(addr).await?;
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                request(&mut conn, &host).await?;
+                done += 1;
+            }
+            Ok::<_, anyhow::Error>(done)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done??;
+    }
+    Ok(total as f64 / length.as_secs_f64())
+}
+
+fn percentile(samples: &[Duration], q: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The proxy's resident memory on the client's node before and after `EXTRA_PODS` more meshed
+/// pods, per added pod on that node.
+async fn rss_per_pod(cluster: &Cluster, client: &Pod) -> Result<String> {
+    let node = client
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("client without node")?;
+    let before = proxy_rss_kib(cluster, &node)?;
+    let pods_before = registered_pods(cluster, &node).await?;
+    cluster.apply_text(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: bench-pods\n  namespace: {MESH_NS}\nspec:\n  replicas: {EXTRA_PODS}\n  selector:\n    matchLabels: {{app: bench-pods}}\n  template:\n    metadata:\n      labels: {{app: bench-pods}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.k8s.io/gateway-api/echo-advanced:v1.5.1\n"
+    ))?;
+    wait_pods(cluster, MESH_NS, "app=bench-pods", EXTRA_PODS).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = proxy_rss_kib(cluster, &node)?;
+    let added = registered_pods(cluster, &node).await? - pods_before;
+    cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "delete",
+        "deployment",
+        "bench-pods",
+        "--wait",
+    ])?;
+    wait_pods(cluster, MESH_NS, "app=bench-pods", 0).await?;
+    if added == 0 {
+        bail!("no bench pod landed on {node}");
+    }
+    Ok(format!(
+        "{:.0} KiB ({} KiB with {pods_before} pods, {} KiB with {} on {node})",
+        after.saturating_sub(before) as f64 / added as f64,
+        before,
+        after,
+        pods_before + added
+    ))
+}
+
+/// Meshed pods on `node` (those the proxy registers).
+async fn registered_pods(cluster: &Cluster, node: &str) -> Result<usize> {
+    let out = cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "get",
+        "pods",
+        "--field-selector",
+        &format!("spec.nodeName={node},status.phase=Running"),
+        "-o",
+        "name",
+    ])?;
+    Ok(out.lines().filter(|l| !l.is_empty()).count())
+}
+
+fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
+    let name = cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=aether-proxy",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    let pod: Pod = serde_json::from_str(&cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "pod",
+        name.trim(),
+        "-o",
+        "json",
+    ])?)?;
+    let pid = cluster.container_pid(&pod, "proxy")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS")
+}
+
+/// Two nginx processes in the pods' network namespaces, stopped on drop.
+struct NginxPair {
+    processes: Vec<Child>,
+    _dir: TempDir,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Drop for NginxPair {
+    fn drop(&mut self) {
+        for child in &mut self.processes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl NginxPair {
+    fn start(client_netns: &Path, server_netns: &Path, server_ip: &str) -> Result<NginxPair> {
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("aether-bench-nginx-{}", std::process::id())),
+        );
+        std::fs::create_dir_all(&dir.0)?;
+        let d = dir.0.display().to_string();
+        write_certs(&dir.0)?;
+        let common = |name: &str| {
+            format!(
+                "daemon off; master_process off; worker_processes 1; pid {d}/{name}.pid; error_log {d}/{name}.err warn;\nevents {{ worker_connections 4096; }}\n"
+            )
+        };
+        let client_conf = format!(
+            "{}http {{ access_log off; client_body_temp_path {d}/a-body; proxy_temp_path {d}/a-proxy;\n  upstream server {{ server {server_ip}:{NGINX_SERVER_PORT}; keepalive 64; }}\n  server {{ listen 127.0.0.1:{NGINX_CLIENT_PORT};\n    location / {{ proxy_pass https://server; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;\n      proxy_ssl_certificate {d}/client.crt; proxy_ssl_certificate_key {d}/client.key;\n      proxy_ssl_trusted_certificate {d}/ca.crt; proxy_ssl_verify on; proxy_ssl_name server.mesh;\n      proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on; }} }} }}\n",
+            common("client")
+        );
+        let server_conf = format!(
+            "{}http {{ access_log off; client_body_temp_path {d}/b-body; proxy_temp_path {d}/b-proxy;\n  upstream app {{ server 127.0.0.1:8080; keepalive 64; }}\n  server {{ listen {NGINX_SERVER_PORT} ssl; ssl_protocols TLSv1.3;\n    ssl_certificate {d}/server.crt; ssl_certificate_key {d}/server.key;\n    ssl_client_certificate {d}/ca.crt; ssl_verify_client on;\n    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host; }} }} }}\n",
+            common("server")
+        );
+        std::fs::write(dir.0.join("client.conf"), client_conf)?;
+        std::fs::write(dir.0.join("server.conf"), server_conf)?;
+        let mut processes = Vec::new();
+        for (netns, conf) in [(server_netns, "server.conf"), (client_netns, "client.conf")] {
+            let child = Command::new("nsenter")
+                .arg(format!("--net={}", netns.display()))
+                .args(["/usr/sbin/nginx", "-p", &d, "-c"])
+                .arg(dir.0.join(conf))
+                .stdout(Stdio::null())
+                .spawn()?;
+            processes.push(child);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for child in &mut processes {
+            if let Some(status) = child.try_wait()? {
+                bail!("nginx exited ({status}); see {d}/*.err");
+            }
+        }
+        Ok(NginxPair {
+            processes,
+            _dir: dir,
+        })
+    }
+}
+
+/// A CA and two leaf certificates (client and server), as PEM files in `dir`.
+fn write_certs(dir: &Path) -> Result<()> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    std::fs::write(dir.join("ca.crt"), ca_cert.pem())?;
+    let issuer = Issuer::new(ca, ca_key);
+    for (name, usage) in [
+        ("client", ExtendedKeyUsagePurpose::ClientAuth),
+        ("server", ExtendedKeyUsagePurpose::ServerAuth),
+    ] {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec!["server.mesh".to_string()])?;
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &issuer)?;
+        std::fs::write(dir.join(format!("{name}.crt")), cert.pem())?;
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem())?;
+    }
+    Ok(())
+}
