@@ -100,7 +100,10 @@ async fn run() -> Result<()> {
     let mut results = Vec::new();
     for (name, addr) in &targets {
         let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
-        let figures = measure_in(&client_netns, addr)?;
+        let figures = measure_in(&client_netns, addr).map_err(|e| match *name {
+            "nginx pair" => e.context(nginx.logs()),
+            _ => e,
+        })?;
         eprintln!("{name}: {figures:?}");
         results.push((*name, figures));
     }
@@ -408,7 +411,7 @@ fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
 /// Two nginx processes in the pods' network namespaces, stopped on drop.
 struct NginxPair {
     processes: Vec<Child>,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 struct TempDir(PathBuf);
@@ -429,6 +432,21 @@ impl Drop for NginxPair {
 }
 
 impl NginxPair {
+    /// Both error logs, for a failure's message.
+    fn logs(&self) -> String {
+        ["client", "server"]
+            .iter()
+            .map(|name| {
+                let path = self.dir.0.join(format!("{name}.err"));
+                format!(
+                    "{name} nginx: {}",
+                    std::fs::read_to_string(path).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn start(client_netns: &Path, server_netns: &Path, server_ip: &str) -> Result<NginxPair> {
         let dir = TempDir(
             std::env::temp_dir().join(format!("aether-bench-nginx-{}", std::process::id())),
@@ -442,11 +460,11 @@ impl NginxPair {
             )
         };
         let client_conf = format!(
-            "{}http {{ access_log off; client_body_temp_path {d}/a-body; proxy_temp_path {d}/a-proxy;\n  upstream server {{ server {server_ip}:{NGINX_SERVER_PORT}; keepalive 64; }}\n  server {{ listen 127.0.0.1:{NGINX_CLIENT_PORT};\n    location / {{ proxy_pass https://server; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;\n      proxy_ssl_certificate {d}/client.crt; proxy_ssl_certificate_key {d}/client.key;\n      proxy_ssl_trusted_certificate {d}/ca.crt; proxy_ssl_verify on; proxy_ssl_name server.mesh;\n      proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on; }} }} }}\n",
+            "{}http {{ access_log off; keepalive_requests 10000000; client_body_temp_path {d}/a-body; proxy_temp_path {d}/a-proxy;\n  upstream server {{ server {server_ip}:{NGINX_SERVER_PORT}; keepalive 64; keepalive_requests 10000000; }}\n  server {{ listen 127.0.0.1:{NGINX_CLIENT_PORT};\n    location / {{ proxy_pass https://server; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;\n      proxy_ssl_certificate {d}/client.crt; proxy_ssl_certificate_key {d}/client.key;\n      proxy_ssl_trusted_certificate {d}/ca.crt; proxy_ssl_verify on; proxy_ssl_name server.mesh;\n      proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on; }} }} }}\n",
             common("client")
         );
         let server_conf = format!(
-            "{}http {{ access_log off; client_body_temp_path {d}/b-body; proxy_temp_path {d}/b-proxy;\n  upstream app {{ server 127.0.0.1:8080; keepalive 64; }}\n  server {{ listen {NGINX_SERVER_PORT} ssl; ssl_protocols TLSv1.3;\n    ssl_certificate {d}/server.crt; ssl_certificate_key {d}/server.key;\n    ssl_client_certificate {d}/ca.crt; ssl_verify_client on;\n    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host; }} }} }}\n",
+            "{}http {{ access_log off; keepalive_requests 10000000; client_body_temp_path {d}/b-body; proxy_temp_path {d}/b-proxy;\n  upstream app {{ server 127.0.0.1:8080; keepalive 64; keepalive_requests 10000000; }}\n  server {{ listen {NGINX_SERVER_PORT} ssl; ssl_protocols TLSv1.3;\n    ssl_certificate {d}/server.crt; ssl_certificate_key {d}/server.key;\n    ssl_client_certificate {d}/ca.crt; ssl_verify_client on;\n    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host; }} }} }}\n",
             common("server")
         );
         std::fs::write(dir.0.join("client.conf"), client_conf)?;
@@ -467,20 +485,22 @@ impl NginxPair {
                 bail!("nginx exited ({status}); see {d}/*.err");
             }
         }
-        Ok(NginxPair {
-            processes,
-            _dir: dir,
-        })
+        Ok(NginxPair { processes, dir })
     }
 }
 
 /// A CA and two leaf certificates (client and server), as PEM files in `dir`.
 fn write_certs(dir: &Path) -> Result<()> {
     use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+        IsCa, Issuer, KeyPair,
     };
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    // Distinct subjects: a leaf named like its issuer looks self-signed to OpenSSL.
+    ca.distinguished_name = DistinguishedName::new();
+    ca.distinguished_name
+        .push(DnType::CommonName, "aether bench CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_cert = ca.self_signed(&ca_key)?;
     std::fs::write(dir.join("ca.crt"), ca_cert.pem())?;
@@ -491,6 +511,8 @@ fn write_certs(dir: &Path) -> Result<()> {
     ] {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec!["server.mesh".to_string()])?;
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = vec![usage];
         let cert = params.signed_by(&key, &issuer)?;
         std::fs::write(dir.join(format!("{name}.crt")), cert.pem())?;

@@ -40,4 +40,6 @@ export PATH
 # aether's own programs (the node simulator, the echo server, the mesh) from the
 # workspace build, shared with tests/run.sh.
 AETHER_TARGET="${CARGO_TARGET_DIR:-$AETHER_CACHE/target}"
-AETHER_RUST_BIN="$AETHER_TARGET/debug"
+# The cargo profile whose binaries the nodes run (release for benchmarks).
+AETHER_PROFILE="${AETHER_PROFILE:-debug}"
+AETHER_RUST_BIN="$AETHER_TARGET/$AETHER_PROFILE"

@@ -9,7 +9,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 started=$SECONDS
-(cd "$here/../.." && CARGO_TARGET_DIR="$AETHER_TARGET" cargo build --workspace --bins --quiet)
+profile_flag=()
+[ "$AETHER_PROFILE" = release ] && profile_flag=(--release)
+(cd "$here/../.." && CARGO_TARGET_DIR="$AETHER_TARGET" cargo build --workspace --bins --quiet "${profile_flag[@]}")
 "$here/control-plane.sh" up
 "$here/nodes.sh" up
 kubectl() { "$AETHER_BIN/kubectl" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }

@@ -123,7 +123,7 @@ pub struct Mesh {
 }
 
 pub struct DataPlane {
-    mesh: Option<Mesh>,
+    mesh: Option<Arc<Mesh>>,
     balancer: Balancer,
     stats: ForwardStats,
     /// Connections made from each local pod, by its network namespace.
@@ -133,7 +133,7 @@ pub struct DataPlane {
 impl DataPlane {
     pub fn new(mesh: Option<Mesh>) -> Arc<Self> {
         Arc::new(DataPlane {
-            mesh,
+            mesh: mesh.map(Arc::new),
             balancer: Balancer::default(),
             stats: ForwardStats::default(),
             clients: Mutex::default(),

@@ -57,14 +57,23 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
             format!("connection to the capture listener {listener} itself"),
         );
     }
-    let target = match &plane.mesh {
-        Some(mesh) => routed_target(mesh, original).await,
+    let routed = match &plane.mesh {
+        Some(mesh) => routed_target(mesh, original)
+            .await
+            .map(|target| (mesh.clone(), target)),
         None => None,
     };
-    match target {
-        Some(target) => {
+    match routed {
+        Some((mesh, target)) => {
             plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-            serve_http(plane.clone(), stream, pod, target, original.port()).await;
+            let conn = Connection {
+                plane: plane.clone(),
+                mesh,
+                pod,
+                target,
+                port: original.port(),
+            };
+            serve_http(conn, stream).await;
         }
         None => pass_through(&plane, stream, peer, &pod, original).await,
     }
@@ -123,24 +132,14 @@ async fn pass_through(
 /// One captured HTTP connection to `target`'s port `port`.
 struct Connection {
     plane: Arc<DataPlane>,
+    mesh: Arc<Mesh>,
     pod: Arc<PodInfo>,
     target: ServiceKey,
     port: u16,
 }
 
-async fn serve_http(
-    plane: Arc<DataPlane>,
-    stream: TcpStream,
-    pod: Arc<PodInfo>,
-    target: ServiceKey,
-    port: u16,
-) {
-    let conn = Arc::new(Connection {
-        plane,
-        pod,
-        target,
-        port,
-    });
+async fn serve_http(conn: Connection, stream: TcpStream) {
+    let conn = Arc::new(conn);
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let conn = conn.clone();
         async move { Ok::<_, std::convert::Infallible>(conn.handle(request).await) }
@@ -162,17 +161,10 @@ struct Served {
 }
 
 impl Connection {
-    fn mesh(&self) -> &Mesh {
-        self.plane
-            .mesh
-            .as_ref()
-            .expect("HTTP is only served with a mesh")
-    }
-
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let started = Instant::now();
         let served = self.route(request).await;
-        self.mesh().metrics.request(
+        self.mesh.metrics.request(
             RequestLabels {
                 direction: "outbound",
                 target: self.target.to_string(),
@@ -187,7 +179,7 @@ impl Connection {
 
     async fn route(&self, request: Request<Incoming>) -> Served {
         // Each request reads the latest snapshot, so a keep-alive connection follows changes.
-        let snapshot = self.mesh().snapshot.load();
+        let snapshot = self.mesh.snapshot.load();
         let (mut parts, body) = request.into_parts();
         let Some(target) = snapshot.targets.get(&self.target) else {
             let backend = ServiceRef {
@@ -327,6 +319,7 @@ impl Connection {
             let (conn, snapshot, mirror, bytes) = (
                 Connection {
                     plane: self.plane.clone(),
+                    mesh: self.mesh.clone(),
                     pod: self.pod.clone(),
                     target: self.target.clone(),
                     port: self.port,
@@ -441,7 +434,7 @@ impl Connection {
         body: Body,
         host: &str,
     ) -> Result<Response<Incoming>, String> {
-        let mesh = self.mesh();
+        let mesh = &self.mesh;
         let source = mesh
             .workloads
             .service_account(&self.pod.pod)
