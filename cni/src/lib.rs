@@ -5,10 +5,12 @@
 //! - [`nft`]: the per-pod `inet aether` nftables table: install, replace set elements, verify, delete.
 //! - [`decision`]: whether a pod is meshed, from the API server, when the proxy cannot say.
 //! - [`plugin`]: the ADD/DEL/CHECK/VERSION/STATUS/GC commands built from the parts above.
+//! - [`fuzzing`]: the fuzz targets' checks, for `cargo fuzz` and the stable mutation test.
 //! - [`install`]: `aether-cni install`/`uninstall`: the binary and the conflist entry on the node.
 
 pub mod cni_io;
 pub mod decision;
+pub mod fuzzing;
 pub mod install;
 pub mod nft;
 pub mod plugin;

@@ -75,7 +75,7 @@ pub trait Handler: Send + Sync + 'static {
     ) -> BoxFuture<'static, ()>;
 
     /// The pod's listeners closed for good: forget what is kept for it.
-    fn forget(&self, _pod: &PodInfo) {}
+    fn forget(&self, pod: &PodInfo);
 }
 
 /// How a pod's listeners stop: `None` while they run, then how long their open connections may

@@ -173,7 +173,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!(node = %args.node, capture_port = args.capture_port, inbound_port = args.inbound_port, "starting aether-proxy");
     let metrics = Arc::new(Metrics::new());
     let (ready, readiness) = watch::channel(Err("starting".to_string()));
-    let admin = metrics::bind(args.admin_addr)
+    let admin = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
     tokio::spawn(metrics::serve(admin, metrics.clone(), readiness));

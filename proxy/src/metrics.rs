@@ -1,6 +1,5 @@
 //! The proxy's Prometheus metrics and its health endpoints, on one plain HTTP port.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,9 +198,4 @@ pub async fn serve(
                 .await;
         });
     }
-}
-
-/// Binds the admin port, so a port in use fails the start loudly.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }
