@@ -13,6 +13,8 @@ const DECAY: Duration = Duration::from_secs(10);
 /// The latency an endpoint without observations is assumed to have: optimistic, so new pods
 /// get traffic and thus observations.
 const DEFAULT_RTT_NS: u64 = 1_000_000;
+/// The latency a failed request counts as.
+const FAILURE_PENALTY: Duration = Duration::from_secs(1);
 
 /// Latency and load of every endpoint this proxy sends to.
 #[derive(Debug, Default)]
@@ -39,12 +41,16 @@ impl EndpointStats {
         }
     }
 
-    /// The cost of sending one more request here.
+    /// The cost of sending one more request here. The latency estimate decays with the time
+    /// since it was last updated, so an endpoint that failed (or was slow) gets traffic again
+    /// after a while, and what it answers then counts.
     pub fn cost(&self) -> u64 {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let idle = now.saturating_sub(self.stamp_ns.load(Ordering::Relaxed)) as f64;
+        let estimate =
+            self.ewma_ns.load(Ordering::Relaxed) as f64 * (-idle / DECAY.as_nanos() as f64).exp();
         let in_flight = u64::from(self.in_flight.load(Ordering::Relaxed));
-        self.ewma_ns
-            .load(Ordering::Relaxed)
-            .saturating_mul(in_flight + 1)
+        (estimate as u64).max(1).saturating_mul(in_flight + 1)
     }
 
     /// Folds one observed latency in. A latency above the average replaces it at once (peak
@@ -74,6 +80,13 @@ pub struct InFlight {
 impl InFlight {
     pub fn finish(self) {
         self.stats.observe(self.started.elapsed());
+    }
+
+    /// The endpoint failed (unreachable, refused, wrong identity): it counts as very slow, so
+    /// traffic moves to the others until the penalty decays.
+    pub fn fail(self) {
+        self.stats
+            .observe(self.started.elapsed().max(FAILURE_PENALTY));
     }
 }
 
@@ -184,6 +197,17 @@ mod tests {
         assert_eq!(balancer.stats(addr(1)).in_flight.load(Ordering::Relaxed), 0);
         assert_eq!(balancer.pick(&[addr(3)], |a| *a, 7), Some(0));
         assert_eq!(balancer.pick::<SocketAddr>(&[], |a| *a, 7), None);
+    }
+
+    #[test]
+    fn a_failing_endpoint_stops_getting_traffic() {
+        let balancer = Balancer::default();
+        let endpoints = [addr(1), addr(2)];
+        balancer.start(addr(1)).fail();
+        balancer.start(addr(2)).finish();
+        for random in 0..100 {
+            assert_eq!(balancer.pick(&endpoints, |a| *a, random), Some(1));
+        }
     }
 
     #[test]

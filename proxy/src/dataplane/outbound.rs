@@ -385,6 +385,8 @@ impl Connection {
             Some(limit) => match tokio::time::timeout(limit, exchange).await {
                 Ok(result) => result,
                 Err(_) => {
+                    // Counts as a latency of the whole limit.
+                    in_flight.finish();
                     return served(answer(
                         StatusCode::GATEWAY_TIMEOUT,
                         format!("backend {backend} did not answer within {limit:?}"),
@@ -400,6 +402,7 @@ impl Connection {
                 served(response.map(h::incoming))
             }
             Err(message) => {
+                in_flight.fail();
                 warn!(pod = %self.pod.pod, backend = %backend, endpoint = %endpoint.addr, error = %message, "request failed");
                 served(answer(StatusCode::SERVICE_UNAVAILABLE, message))
             }

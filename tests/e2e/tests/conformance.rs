@@ -66,6 +66,7 @@ async fn aether_passes_every_gamma_mesh_test_end_to_end() -> Result<()> {
     repairs_drift(&cluster).await?;
     mesh_workloads(&cluster, Accounts::PerVersion).await?;
     let per_version = run_suite(&cluster, &cases, Accounts::PerVersion).await?;
+    refuses_an_identity_outside_the_allowed_set(&cluster).await?;
 
     let report = conformance_report(&cases, &upstream, &per_version);
     let path = cluster.paths.repo.join("tests/conformance-report.yaml");
@@ -532,6 +533,99 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
         bail!("after the repair, echo-v2 is not reachable: {served:?}");
     }
     eprintln!("a deleted pod table and a dropped CNI entry were repaired, with an Event");
+    Ok(())
+}
+
+/// A backend endpoint whose pod holds another workload's SVID gets no request: the Service
+/// `impostor` selects echo-v1 (so only echo-v1's ServiceAccount is allowed), and a hand-made
+/// EndpointSlice adds echo-v2's pod to it. Requests the balancer gives to that pod are refused
+/// with a 503 naming the identity; the others reach echo-v1; none reaches echo-v2.
+async fn refuses_an_identity_outside_the_allowed_set(cluster: &Cluster) -> Result<()> {
+    let v2 = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
+    let v2_ip = v2
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("echo-v2 without IP")?;
+    let manifests = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: impostor, namespace: {MESH_NS}}}\n\
+         spec:\n  selector: {{app: echo, version: v1}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata:\n  name: impostor-extra\n  namespace: {MESH_NS}\n\
+         \x20 labels: {{kubernetes.io/service-name: impostor, endpointslice.kubernetes.io/managed-by: aether-e2e}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\n\
+         endpoints: [{{addresses: [\"{v2_ip}\"], conditions: {{ready: true}}}}]\n\
+         ---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+         metadata: {{name: impostor, namespace: {MESH_NS}}}\n\
+         spec:\n  parentRefs: [{{group: \"\", kind: Service, name: impostor, port: 80}}]\n\
+         \x20 rules: [{{backendRefs: [{{name: impostor, port: 80}}]}}]\n"
+    );
+    cluster.apply_text(&manifests)?;
+    let route = aether_e2e::cases::RouteRef {
+        kind: "HTTPRoute".into(),
+        name: "impostor".into(),
+        namespace: MESH_NS.into(),
+        parent_ref: None,
+    };
+    wait_accepted(cluster, std::slice::from_ref(&route)).await?;
+    wait_nodes_applied(cluster).await?;
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let pid = cluster.container_pid(&pod, "echo")?.to_string();
+    let program = cluster.program("aether-echo");
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    let (mut served, mut refused) = (0, 0);
+    while served == 0 || refused == 0 {
+        // Concurrent clients, so the balancer (which prefers the cheaper endpoint) tries both.
+        let children = (0..4)
+            .map(|_| {
+                std::process::Command::new("nsenter")
+                    .args(["-t", &pid, "-n", "-m", "-u", "--"])
+                    .arg(&program)
+                    .args(["client", "http://impostor/", "--count=10"])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        for child in children {
+            let output = child.wait_with_output()?;
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let exchanges = aether_echo::report::parse(&stdout)
+                .map_err(|e| anyhow::anyhow!("unreadable client output: {e}"))?;
+            for e in &exchanges {
+                if e.status == Some(200) && e.body.hostname.starts_with("echo-v1") {
+                    served += 1;
+                } else if e.status == Some(503)
+                    && e.body_lines
+                        .iter()
+                        .any(|l| l.contains("not one of the allowed identities"))
+                {
+                    refused += 1;
+                } else {
+                    bail!(
+                        "impostor answered neither from echo-v1 nor with an identity refusal: {e:?}"
+                    );
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "expected answers from echo-v1 and refusals of echo-v2: {served} served, {refused} refused"
+            );
+        }
+    }
+    eprintln!(
+        "an endpoint with an identity outside the allowed set was refused ({refused} refused, {served} served by echo-v1)"
+    );
+    cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "delete",
+        "httproute/impostor",
+        "endpointslice/impostor-extra",
+        "service/impostor",
+        "--wait",
+    ])?;
+    wait_nodes_applied(cluster).await?;
     Ok(())
 }
 
