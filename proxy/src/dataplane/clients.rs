@@ -102,7 +102,8 @@ async fn connect(netns: &Path, to: SocketAddr) -> Result<TcpStream, NetnsError> 
 #[derive(Clone)]
 pub struct MeshConn {
     send: http2::SendRequest<Body>,
-    pub peer: ServiceAccount,
+    /// The SPIFFE ID the peer proved, computed once for the connection's requests.
+    pub peer_id: String,
 }
 
 impl MeshConn {
@@ -198,8 +199,9 @@ impl PodClients {
                 to,
                 reason: e.to_string(),
             })?;
-        let peer = peer_service_account(trust, tls.get_ref().1.peer_certificates())
-            .ok_or(ClientError::NoPeerIdentity { to })?;
+        let peer_id = peer_service_account(trust, tls.get_ref().1.peer_certificates())
+            .ok_or(ClientError::NoPeerIdentity { to })?
+            .spiffe_id(trust.trust_domain());
         let (send, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30))
@@ -214,7 +216,7 @@ impl PodClients {
                 debug!(%to, error = %e, "mesh connection ended");
             }
         });
-        Ok(MeshConn { send, peer })
+        Ok(MeshConn { send, peer_id })
     }
 }
 

@@ -470,8 +470,7 @@ impl Connection {
                 return Err(e.to_string());
             }
         };
-        let peer_id = conn.peer.spiffe_id(mesh.certs.trust().trust_domain());
-        check_peer(snapshot.identities.get(service), &peer_id)
+        check_peer(snapshot.identities.get(service), &conn.peer_id)
             .map_err(|why| format!("endpoint {endpoint} of {service}: {why}"))?;
         parts.headers.insert(
             FORWARD_HEADER,
