@@ -85,6 +85,7 @@ fn main() {
             ipv4: true,
             ipv6: false,
         },
+        strict: None,
     };
     let install_time = |nft: &Nft| {
         (0..PODS)

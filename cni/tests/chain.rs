@@ -6,6 +6,7 @@ mod common;
 use std::net::SocketAddr;
 
 use aether_cni::nft::{self, Families, Nft, PROXY_SOCKET_MARK, TableSpec};
+use aether_cni::protocol::StrictPlan;
 use common::proxy::{ProxyState, TestProxy};
 use common::sockets::{accept_within, connect_from, listen_in, original_dst};
 use common::{Node, Pod, TempDir, aether_entry, require_root, ruleset};
@@ -264,6 +265,40 @@ fn check_passes_on_an_intact_pod_and_reports_a_table_deleted_by_hand() {
 }
 
 #[test]
+fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
+    require_root();
+    let proxy = TestProxy::start(ProxyState {
+        managed_namespaces: vec!["shop".into()],
+        capture_port: CAPTURE_PORT,
+        targets: vec![addr("10.96.0.10:80")],
+        generation: 1,
+        strict: Some(StrictPlan {
+            inbound_port: 15008,
+            hosts: vec!["10.99.0.1".parse().unwrap()],
+        }),
+        ..ProxyState::default()
+    });
+    let node = Node::new(false, aether_entry(proxy.socket()));
+    let pod = Pod::new("shop");
+    let (run, prev) = node.add(&pod);
+    run.ok();
+    let text = ruleset(&pod.netns);
+    assert!(text.contains("chain input"), "{text}");
+    assert!(text.contains("tcp dport 15008 accept"), "{text}");
+    assert!(text.contains("10.99.0.1"), "{text}");
+    node.aether_command("CHECK", &pod, Some(&prev)).ok();
+
+    // Strict mode's refusal deleted by hand is drift.
+    hand_nft(&pod, &["flush", "chain", "inet", "aether", "input"]);
+    let run = node.aether_command("CHECK", &pod, Some(&prev));
+    let details = run.json()["details"].as_str().unwrap().to_owned();
+    assert!(
+        details.contains("rule `meta l4proto tcp reject with tcp reset` is missing"),
+        "{details}"
+    );
+}
+
+#[test]
 fn set_updates_take_effect_for_new_connections() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
@@ -302,6 +337,7 @@ fn set_updates_take_effect_for_new_connections() {
     let spec = TableSpec {
         capture_port: CAPTURE_PORT,
         families,
+        strict: None,
     };
     assert_eq!(
         nft::verify(&Nft::default(), pod.netns.path(), &spec).unwrap(),

@@ -3,110 +3,12 @@
 //! tokens). Deterministic, so a failure reproduces; `cargo fuzz` (cni/fuzz) goes further with
 //! coverage guidance.
 
-use aether_cni::fuzzing;
+use aether_cni::fuzzing::{self, JSON_TOKENS};
 use aether_cni::protocol::{
-    CapturePlan, Decision, PodRef, Request, Response, encode_request, encode_response,
+    CapturePlan, Decision, PodRef, Request, Response, StrictPlan, encode_request, encode_response,
 };
 
 const ROUNDS: usize = 400_000;
-
-/// xorshift64*: small, seedable, good enough to pick mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-const TOKENS: &[&[u8]] = &[
-    b"{",
-    b"}",
-    b"[",
-    b"]",
-    b"\"",
-    b":",
-    b",",
-    b"null",
-    b"true",
-    b"-1",
-    b"1e999",
-    b"18446744073709551616",
-    b"\\u0000",
-    b"\\ud800",
-    b"\n",
-    b"=",
-    b";",
-    b"\xff",
-    b"0.4.0",
-    b"1.1.0",
-    b"\"cniVersion\"",
-    b"\"plugins\"",
-    b"\"prevResult\"",
-    b"\"version\"",
-];
-
-fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], input: &[u8]) -> Vec<u8> {
-    let mut out = input.to_vec();
-    for _ in 0..=rng.below(4) {
-        let at = rng.below(out.len() + 1);
-        match rng.below(7) {
-            0 if !out.is_empty() => {
-                let i = at.min(out.len() - 1);
-                out[i] ^= 1 << rng.below(8);
-            }
-            1 if !out.is_empty() => {
-                let i = at.min(out.len() - 1);
-                out[i] = rng.next() as u8;
-            }
-            2 => out.insert(at, rng.next() as u8),
-            3 if at < out.len() => {
-                let end = (at + 1 + rng.below(16)).min(out.len());
-                out.drain(at..end);
-            }
-            4 => out.truncate(at),
-            5 => {
-                let other = &seeds[rng.below(seeds.len())];
-                let from = rng.below(other.len() + 1);
-                let end = (from + rng.below(64)).min(other.len());
-                out.splice(at..at, other[from..end].iter().copied());
-            }
-            _ => {
-                let token = TOKENS[rng.below(TOKENS.len())];
-                out.splice(at..at, token.iter().copied());
-            }
-        }
-    }
-    out
-}
-
-/// Runs `check` on every seed, then on `ROUNDS` mutations; returns the number of executions.
-fn fuzz(seeds: &[Vec<u8>], seed: u64, check: fn(&[u8])) -> usize {
-    let mut rng = Rng(seed);
-    for input in seeds {
-        check(input);
-    }
-    let mut current = seeds[0].clone();
-    for round in 0..ROUNDS {
-        // Mostly keep mutating, sometimes start again from a seed.
-        if round % 8 == 0 {
-            current = seeds[rng.below(seeds.len())].clone();
-        }
-        current = mutate(&mut rng, seeds, &current);
-        if current.len() > 4096 {
-            current.truncate(4096);
-        }
-        check(&current);
-    }
-    seeds.len() + ROUNDS
-}
 
 #[test]
 fn the_config_parser_survives_mutated_input() {
@@ -118,7 +20,7 @@ fn the_config_parser_survives_mutated_input() {
     .iter()
     .map(|s| s.as_bytes().to_vec())
     .collect();
-    let runs = fuzz(&seeds, 0x5eed_c0f1, fuzzing::config);
+    let runs = fuzzing::run(&seeds, JSON_TOKENS, 0x5eed_c0f1, ROUNDS, fuzzing::config);
     eprintln!("config parser: {runs} executions, no crash");
 }
 
@@ -144,12 +46,16 @@ fn the_protocol_decoder_survives_mutated_input() {
             capture_port: 15001,
             targets: vec!["10.96.0.10:80".parse().unwrap()],
             generation: 3,
+            strict: Some(StrictPlan {
+                inbound_port: 15008,
+                hosts: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+            }),
         }))),
         encode_response(&Response::Pong),
     ];
     // Two frames back to back exercise the framing.
     let both = [seeds[0].clone(), seeds[1].clone()].concat();
     seeds.push(both);
-    let runs = fuzz(&seeds, 0x5eed_0b07, fuzzing::protocol);
+    let runs = fuzzing::run(&seeds, JSON_TOKENS, 0x5eed_0b07, ROUNDS, fuzzing::protocol);
     eprintln!("protocol decoder: {runs} executions, no crash");
 }

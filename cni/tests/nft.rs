@@ -3,9 +3,11 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
 
-use aether_cni::nft::{self, Deleted, Drift, Families, Nft, NftError, TableSpec};
+use aether_cni::nft::{self, Deleted, Drift, Families, Nft, NftError, Strict, TableSpec};
+use common::netns::in_netns;
 use common::{Netns, require_root, ruleset};
 
 fn backends() -> [Nft; 2] {
@@ -19,6 +21,7 @@ fn spec(capture_port: u16) -> TableSpec {
             ipv4: true,
             ipv6: true,
         },
+        strict: None,
     }
 }
 
@@ -108,4 +111,102 @@ fn a_missing_nft_program_says_what_to_install() {
     .unwrap_err();
     assert!(matches!(err, NftError::Spawn { .. }), "{err}");
     assert!(err.to_string().contains("install nftables"), "{err}");
+}
+
+/// `pod` joined to `other` by a veth pair: `pod` has 10.77.N.1, `other` 10.77.N.2.
+fn link(pod: &Netns, other: &Netns, n: u8) {
+    let peer = other
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let (pod_if, other_if) = (format!("p{n}"), format!("o{n}"));
+    pod.ip(&[
+        "link", "add", &pod_if, "type", "veth", "peer", "name", &other_if, "netns", &peer,
+    ]);
+    pod.ip(&["addr", "add", &format!("10.77.{n}.1/24"), "dev", &pod_if]);
+    pod.ip(&["link", "set", &pod_if, "up"]);
+    other.ip(&["addr", "add", &format!("10.77.{n}.2/24"), "dev", &other_if]);
+    other.ip(&["link", "set", &other_if, "up"]);
+}
+
+/// Whether a TCP connection from inside `netns` to `to` is accepted.
+fn connects(netns: &Netns, to: &str) -> bool {
+    let to: SocketAddr = to.parse().unwrap();
+    in_netns(netns.path(), move || {
+        TcpStream::connect_timeout(&to, Duration::from_secs(2)).is_ok()
+    })
+}
+
+#[test]
+fn strict_mode_refuses_plaintext_from_other_hosts() {
+    require_root();
+    for nft in backends() {
+        let pod = Netns::new("aet");
+        let other_host = Netns::new("aet");
+        let node = Netns::new("aet");
+        link(&pod, &other_host, 1);
+        link(&pod, &node, 2);
+        // The app, the inbound mTLS port, and a server elsewhere the pod dials.
+        let listen = |netns: &Netns, addr: &'static str| {
+            in_netns(netns.path(), move || TcpListener::bind(addr).unwrap())
+        };
+        let _app = listen(&pod, "0.0.0.0:8080");
+        let _inbound = listen(&pod, "0.0.0.0:15008");
+        let _elsewhere = listen(&other_host, "10.77.1.2:9000");
+
+        let strict = TableSpec {
+            strict: Some(Strict {
+                inbound_port: 15008,
+                hosts: vec!["10.77.2.2".parse().unwrap()],
+            }),
+            ..spec(15001)
+        };
+        nft::install(&nft, pod.path(), &strict, &[]).unwrap();
+        assert_eq!(
+            nft::verify(&nft, pod.path(), &strict).unwrap(),
+            [],
+            "{nft:?}"
+        );
+        assert!(
+            !connects(&other_host, "10.77.1.1:8080"),
+            "plaintext from another host"
+        );
+        assert!(
+            connects(&other_host, "10.77.1.1:15008"),
+            "the inbound mTLS port"
+        );
+        assert!(
+            connects(&node, "10.77.2.1:8080"),
+            "the node (kubelet probes)"
+        );
+        assert!(
+            connects(&pod, "127.0.0.1:8080"),
+            "loopback (the inbound proxy)"
+        );
+        assert!(
+            connects(&pod, "10.77.1.2:9000"),
+            "the pod's own connections"
+        );
+
+        // Strict mode's chain is drift for a table that should not have it, and back.
+        let plain = spec(15001);
+        assert!(
+            nft::verify(&nft, pod.path(), &plain)
+                .unwrap()
+                .contains(&Drift::UnexpectedChain("input".into()))
+        );
+        nft::install(&nft, pod.path(), &plain, &[]).unwrap();
+        assert!(
+            connects(&other_host, "10.77.1.1:8080"),
+            "not strict any more"
+        );
+        assert!(
+            nft::verify(&nft, pod.path(), &strict)
+                .unwrap()
+                .contains(&Drift::ChainMissing("input"))
+        );
+    }
 }

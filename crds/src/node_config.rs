@@ -35,10 +35,12 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeConfigSpec {
-    /// ClusterIP:port pairs of every route target in the mesh: a meshed pod never reaches
-    /// a route target unmeshed, whatever it dials.
+    /// `ClusterIP:port` of every route target in the mesh (`10.96.0.10:80`,
+    /// `[fd00::10]:80`): a meshed pod never reaches a route target unmeshed, whatever it
+    /// dials. Plain strings, because every node holds all of them; the proxy knows each
+    /// Service's ClusterIPs from its Service watch.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub capture: Vec<CaptureEntry>,
+    pub capture_addresses: Vec<String>,
     #[serde(default)]
     pub capture_count: i32,
 
@@ -52,17 +54,6 @@ pub struct NodeConfigSpec {
     /// The SPIFFE identities each backend Service may present.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<ServiceIdentities>,
-}
-
-#[derive(
-    JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord,
-)]
-#[serde(rename_all = "camelCase")]
-pub struct CaptureEntry {
-    pub ip: String,
-    pub port: i32,
-    /// The route target, `namespace/service`.
-    pub target: String,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

@@ -6,6 +6,12 @@ pub const GROUP: &str = "aether.io";
 /// Namespace label that opts every pod of the namespace into the mesh (value `"true"`).
 pub const MANAGED_LABEL: &str = "aether.io/managed";
 
+/// Namespace label whose value [`MTLS_STRICT`] puts the namespace's meshed pods in strict mTLS
+/// mode: plaintext TCP from other hosts into them is refused (the node itself, for kubelet
+/// probes, is let through).
+pub const MTLS_LABEL: &str = "aether.io/mtls";
+pub const MTLS_STRICT: &str = "strict";
+
 /// Pod annotation that keeps a single pod of a managed namespace out of the mesh (value `"disabled"`).
 pub const CAPTURE_ANNOTATION: &str = "aether.io/capture";
 

@@ -39,30 +39,89 @@ fn reconcile_summary() -> Result<String> {
     )?;
     let mut text = String::new();
     stream.read_to_string(&mut text)?;
-    let value = |name: &str| {
+    // `name{pass="..."} value` or `name value`.
+    let value = |name: &str, pass: &str| {
         text.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            })
-            .unwrap_or(0.0)
+            .filter_map(|l| l.strip_prefix(name))
+            .filter(|rest| pass.is_empty() || rest.contains(&format!("pass=\"{pass}\"")))
+            .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+            // An empty sum is -0.0.
+            .sum::<f64>()
+            + 0.0
     };
-    let passes = value("aether_operator_reconcile_duration_seconds_count");
-    let seconds = value("aether_operator_reconcile_duration_seconds_sum");
+    let pass = |pass: &str| {
+        let count = value("aether_operator_reconcile_duration_seconds_count", pass);
+        let seconds = value("aether_operator_reconcile_duration_seconds_sum", pass);
+        format!(
+            "{count:.0} {pass} passes, mean {:.0} ms",
+            1000.0 * seconds / count.max(1.0)
+        )
+    };
     Ok(format!(
-        "{passes:.0} reconcile passes, mean {:.0} ms; {:.0} writes",
-        1000.0 * seconds / passes.max(1.0),
-        value("aether_operator_writes_total")
+        "{}; {}; {:.0} writes",
+        pass("config"),
+        pass("status"),
+        value("aether_operator_writes_total", "")
     ))
 }
 
+const PREFIX: &str = "bench-scale-";
+const NODE_PREFIX: &str = "bench-node-";
+
 /// Names carry the process id: a previous run's namespaces may still be terminating.
 fn ns(i: usize) -> String {
-    format!("bench-scale-{}-{i}", std::process::id())
+    format!("{PREFIX}{}-{i}", std::process::id())
 }
 
 fn node(j: usize) -> String {
-    format!("bench-node-{}-{j}", std::process::id())
+    format!("{NODE_PREFIX}{}-{j}", std::process::id())
+}
+
+/// Deletes every bench namespace, Node and NodeConfig, this run's and any earlier run's.
+async fn remove_bench_objects(client: &kube::Client) -> Result<()> {
+    let named = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                 prefix: &str| {
+        meta.name.clone().filter(|n| n.starts_with(prefix))
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    // The bench's pods have no kubelet to confirm their deletion: they go at once, or the
+    // namespace would wait for the pod garbage collector, a few hundred pods a minute.
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for name in namespaces
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|n| named(&n.metadata, PREFIX))
+    {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &name);
+        let _ = pods.delete_collection(&now, &Default::default()).await;
+        let _ = namespaces.delete(&name, &DeleteParams::default()).await;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in nodes
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|n| named(&n.metadata, NODE_PREFIX))
+    {
+        let _ = nodes.delete(&name, &DeleteParams::default()).await;
+    }
+    let configs: Api<NodeConfig> = Api::all(client.clone());
+    for name in configs
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|n| named(&n.metadata, NODE_PREFIX))
+    {
+        let _ = configs.delete(&name, &DeleteParams::default()).await;
+    }
+    Ok(())
 }
 
 /// The two nodes namespace `i`'s pods run on.
@@ -206,12 +265,27 @@ fn weight_in(config: &NodeConfig, i: usize, r: usize) -> Option<u64> {
         .and_then(|b| b["weight"].as_u64())
 }
 
+/// The operator's process, killed however the bench ends.
+struct Operator(std::process::Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Peak resident memory of a process, from the kernel's high-water mark.
 fn peak_rss_mb(pid: u32) -> f64 {
+    memory_mb(pid, "VmHWM:")
+}
+
+/// A memory figure of `/proc/PID/status`, in MB.
+fn memory_mb(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
     kb / 1024.0
@@ -223,6 +297,27 @@ async fn main() -> Result<()> {
     let client = cluster.client.clone();
     cluster.apply(&cluster.paths.repo.join("charts/aether/crds"))?;
     cluster.apply(&aether_e2e::conformance_dir().join("../gateway-api-crds"))?;
+    // A run that failed half way leaves its objects; they would be measured with this one's.
+    remove_bench_objects(&client).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while namespaces
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .any(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(PREFIX))
+        })
+    {
+        if Instant::now() > deadline {
+            bail!("namespaces of an earlier run are still terminating after 600 s");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     let created = Instant::now();
     let nodes_alive = tokio::spawn(heartbeat(client.clone()));
     populate(&client).await?;
@@ -235,21 +330,23 @@ async fn main() -> Result<()> {
     // The real operator binary, in its own process, so its memory is measured alone.
     let _ = cluster.kubectl(&["create", "namespace", "aether-system"]);
     let started = Instant::now();
-    let mut operator = std::process::Command::new(env!("CARGO_BIN_EXE_aether-operator"))
-        .args([
-            "--metrics-addr",
-            METRICS,
-            "--ca-addr",
-            "127.0.0.1:0",
-            "--identity",
-            "bench",
-        ])
-        .env("KUBECONFIG", &cluster.paths.kubeconfig)
-        .env("RUST_LOG", "warn,aether_operator::controller=debug")
-        .stderr(std::fs::File::create(
-            std::env::temp_dir().join("aether-scale-operator.log"),
-        )?)
-        .spawn()?;
+    let operator = Operator(
+        std::process::Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+            .args([
+                "--metrics-addr",
+                METRICS,
+                "--ca-addr",
+                "127.0.0.1:0",
+                "--identity",
+                "bench",
+            ])
+            .env("KUBECONFIG", &cluster.paths.kubeconfig)
+            .env("RUST_LOG", "warn,aether_operator::controller=debug")
+            .stderr(std::fs::File::create(
+                std::env::temp_dir().join("aether-scale-operator.log"),
+            )?)
+            .spawn()?,
+    );
     let configs: Api<NodeConfig> = Api::all(client.clone());
     // Synced when every bench node holds the tables of the targets in its two namespaces'
     // worth of clients (each node hosts pods of the namespaces i with j in nodes_of(i)).
@@ -280,6 +377,7 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let full_sync = started.elapsed();
+    let peak_at_sync = peak_rss_mb(operator.0.id());
 
     let mut latencies = Vec::with_capacity(CHANGES);
     for c in 0..CHANGES {
@@ -324,9 +422,9 @@ async fn main() -> Result<()> {
         .max()
         .unwrap_or(0);
     let mut whole = NodeConfig::new("whole-mesh", Default::default());
-    whole.spec.capture = list
+    whole.spec.capture_addresses = list
         .first()
-        .map(|c| c.spec.capture.clone())
+        .map(|c| c.spec.capture_addresses.clone())
         .unwrap_or_default();
     let mut all_tables = BTreeMap::new();
     for config in &list {
@@ -338,6 +436,13 @@ async fn main() -> Result<()> {
         }
     }
     whole.spec.tables = all_tables.into_values().collect();
+    let mut all_identities = BTreeMap::new();
+    for config in &list {
+        for ids in &config.spec.identities {
+            all_identities.insert((ids.namespace.clone(), ids.service.clone()), ids.clone());
+        }
+    }
+    whole.spec.identities = all_identities.into_values().collect();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
         "operator at scale: {NAMESPACES} namespaces, {} Services, {} route targets, {} Pods, {NODES} nodes",
@@ -355,7 +460,11 @@ async fn main() -> Result<()> {
         ms(latencies[(CHANGES * 99 / 100).min(CHANGES - 1)])
     );
     println!("  {}", reconcile_summary()?);
-    println!("  operator peak RSS: {:.0} MB", peak_rss_mb(operator.id()));
+    println!(
+        "  operator peak RSS: {:.0} MB ({peak_at_sync:.0} MB by the end of the full sync); {:.0} MB resident at the end",
+        peak_rss_mb(operator.0.id()),
+        memory_mb(operator.0.id(), "VmRSS:")
+    );
     println!(
         "  largest NodeConfig {:.0} KB vs the whole mesh {:.0} KB ({:.1}%)",
         largest as f64 / 1024.0,
@@ -363,17 +472,7 @@ async fn main() -> Result<()> {
         100.0 * largest as f64 / size(&whole).max(1) as f64
     );
 
-    operator.kill()?;
-    operator.wait()?;
+    drop(operator);
     nodes_alive.abort();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    for i in 0..NAMESPACES {
-        let _ = namespaces.delete(&ns(i), &DeleteParams::default()).await;
-    }
-    let nodes: Api<Node> = Api::all(client.clone());
-    for j in 0..NODES {
-        let _ = nodes.delete(&node(j), &DeleteParams::default()).await;
-        let _ = configs.delete(&node(j), &DeleteParams::default()).await;
-    }
-    Ok(())
+    remove_bench_objects(&client).await
 }

@@ -12,36 +12,65 @@ use aether_crds::{NodeConfig, NodeConfigSpec, RouteTarget, RouteTargetSpec};
 use futures::{StreamExt, TryStreamExt};
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
+use crate::cache::{Changes, Stores};
 use crate::index::{Index, Key};
 use crate::metrics::Metrics;
+use crate::node_config::{self, Shared};
+use crate::status;
 use crate::targets::{Target, compile_all};
-use crate::{node_config, status};
 
 const FIELD_MANAGER: &str = "aether-operator";
 /// Changes arriving within this window are handled together.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// API writes of one pass in flight at once: a first sync writes thousands of objects.
+/// API writes of one config pass in flight at once: a first sync writes thousands of objects.
 const WRITES_IN_FLIGHT: usize = 32;
+/// Status writes in flight at once: fewer, so that a first sync's thousands of status writes
+/// leave the API server room for the config loop's.
+const STATUS_WRITES_IN_FLIGHT: usize = 8;
+/// Status passes are at least this far apart: each looks at every RouteTarget and route,
+/// and a burst of route changes needs only the last one.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 type Write<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + 'a>>;
 
+/// Replaces a NodeConfig's spec (a JSON patch), leaving its status to the proxy.
+async fn replace_spec(
+    api: &Api<NodeConfig>,
+    node: &str,
+    spec: &NodeConfigSpec,
+) -> anyhow::Result<()> {
+    let patch: json_patch::Patch = serde_json::from_value(
+        serde_json::json!([{"op": "replace", "path": "/spec", "value": spec}]),
+    )?;
+    api.patch(node, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await?;
+    Ok(())
+}
+
+/// A pass allocates and frees tens of MB on whichever runtime threads run it; glibc keeps
+/// freed memory in per-thread arenas, so without giving it back after a pass the resident
+/// size creeps toward the sum of every thread's peak.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free pages to the kernel; it touches no live memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Runs a pass's writes concurrently; the first error fails the pass (it is retried).
-async fn write_all(writes: Vec<Write<'_>>) -> anyhow::Result<()> {
+async fn write_all(writes: Vec<Write<'_>>, in_flight: usize) -> anyhow::Result<()> {
     futures::stream::iter(writes)
-        .buffer_unordered(WRITES_IN_FLIGHT)
+        .buffer_unordered(in_flight)
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
@@ -52,109 +81,17 @@ pub struct Config {
     pub trust_domain: String,
 }
 
-/// The watch caches.
-struct Stores {
-    services: Store<Service>,
-    http_routes: Store<HttpRoute>,
-    grpc_routes: Store<GrpcRoute>,
-    targets: Store<RouteTarget>,
-    namespaces: Store<Namespace>,
-    pods: Store<Pod>,
-    slices: Store<EndpointSlice>,
-    node_configs: Store<NodeConfig>,
-    nodes: Store<Node>,
+/// What one config pass computed, handed to the status loop.
+struct Model {
+    index: Arc<Index>,
+    targets: BTreeMap<Key, Target>,
+    shared: Shared,
 }
 
-/// Starts a watch feeding a cache; every event wakes `changed`.
-fn watch<K>(api: Api<K>, changed: Arc<Notify>) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    );
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(error) = event {
-                tracing::warn!(kind = std::any::type_name::<K>(), error = %error, "watch failed; retrying");
-            }
-            changed.notify_one();
-        }
-    });
-    store
-}
-
-impl Stores {
-    fn start(client: &kube::Client, changed: &Arc<Notify>) -> Self {
-        Stores {
-            services: watch(Api::all(client.clone()), changed.clone()),
-            http_routes: watch(Api::all(client.clone()), changed.clone()),
-            grpc_routes: watch(Api::all(client.clone()), changed.clone()),
-            targets: watch(Api::all(client.clone()), changed.clone()),
-            namespaces: watch(Api::all(client.clone()), changed.clone()),
-            pods: watch(Api::all(client.clone()), changed.clone()),
-            slices: watch(Api::all(client.clone()), changed.clone()),
-            node_configs: watch(Api::all(client.clone()), changed.clone()),
-            nodes: watch(Api::all(client.clone()), changed.clone()),
-        }
-    }
-
-    async fn ready(&self) -> bool {
-        self.services.wait_until_ready().await.is_ok()
-            && self.http_routes.wait_until_ready().await.is_ok()
-            && self.grpc_routes.wait_until_ready().await.is_ok()
-            && self.targets.wait_until_ready().await.is_ok()
-            && self.namespaces.wait_until_ready().await.is_ok()
-            && self.pods.wait_until_ready().await.is_ok()
-            && self.slices.wait_until_ready().await.is_ok()
-            && self.node_configs.wait_until_ready().await.is_ok()
-            && self.nodes.wait_until_ready().await.is_ok()
-    }
-
-    fn index(&self) -> Index {
-        let mut index = Index::default();
-        self.services
-            .state()
-            .iter()
-            .for_each(|s| index.add_service(s));
-        self.http_routes
-            .state()
-            .iter()
-            .for_each(|r| index.add_http_route(r));
-        self.grpc_routes
-            .state()
-            .iter()
-            .for_each(|r| index.add_grpc_route(r));
-        self.targets
-            .state()
-            .iter()
-            .for_each(|t| index.add_route_target(t));
-        self.namespaces
-            .state()
-            .iter()
-            .for_each(|n| index.add_namespace(n));
-        self.pods.state().iter().for_each(|p| index.add_pod(p));
-        self.slices
-            .state()
-            .iter()
-            .for_each(|s| index.add_endpoint_slice(s));
-        self.node_configs
-            .state()
-            .iter()
-            .for_each(|c| index.add_node_config(c));
-        self.nodes
-            .state()
-            .iter()
-            .for_each(|n| index.add_node(&n.name_any()));
-        index
-    }
-}
-
-/// Runs until the process ends; writes only while `leader` is true.
+/// Runs until the process ends; writes only while `leader` is true. Two loops: the config
+/// loop keeps the index up to date, compiles the targets and writes what the data plane
+/// reads; the status loop writes what users read from the latest model, so thousands of
+/// status writes after a start never delay a route change reaching the nodes.
 pub async fn run(
     client: kube::Client,
     config: Config,
@@ -162,8 +99,8 @@ pub async fn run(
     metrics: Arc<Metrics>,
     ready: watch::Sender<bool>,
 ) {
-    let changed = Arc::new(Notify::new());
-    let stores = Stores::start(&client, &changed);
+    let changes = Arc::new(Changes::default());
+    let stores = Arc::new(Stores::start(&client, &changes));
     if !stores.ready().await {
         tracing::error!("watch caches never became ready");
         return;
@@ -176,28 +113,89 @@ pub async fn run(
             instance: std::env::var("POD_NAME").ok(),
         },
     );
-    let writer = Writer {
+    let writer = Arc::new(Writer {
         client,
         config,
         recorder,
         metrics,
-    };
+    });
+    let (models, model) = watch::channel(None);
+    tokio::spawn(status_loop(
+        writer.clone(),
+        stores.clone(),
+        model,
+        leader.clone(),
+    ));
+    let mut index = Arc::new(Index::default());
     loop {
         tokio::select! {
-            _ = changed.notified() => {}
+            _ = changes.notify.notified() => {}
             _ = leader.changed() => {}
         }
         tokio::time::sleep(DEBOUNCE).await;
+        // The index follows the caches on every replica, so a new leader starts up to date.
+        let started = Instant::now();
+        let changed = changes.take();
+        writer.metrics.queue_depth.set(changed.len() as i64);
+        stores.refresh(Arc::make_mut(&mut index), &changed);
+        let indexed = started.elapsed();
+        if !*leader.borrow() {
+            continue;
+        }
+        let targets = compile_all(&index);
+        let shared = Shared::new(&index, &targets, &writer.config.trust_domain);
+        let compiled = started.elapsed();
+        let result = writer.configs(&stores, &index, &targets, &shared).await;
+        writer
+            .metrics
+            .observe("config", started.elapsed(), result.is_ok());
+        tracing::debug!(
+            parts = changed.len(),
+            index_ms = indexed.as_millis() as u64,
+            compile_ms = (compiled - indexed).as_millis() as u64,
+            write_ms = (started.elapsed() - compiled).as_millis() as u64,
+            targets = targets.len(),
+            "config pass"
+        );
+        let _ = models.send(Some(Arc::new(Model {
+            index: index.clone(),
+            targets,
+            shared,
+        })));
+        release_freed_memory();
+        if let Err(error) = result {
+            tracing::warn!(error = format!("{error:#}"), "config pass failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            changes.notify.notify_one();
+        }
+    }
+}
+
+/// Writes the status of every RouteTarget and route from the latest model.
+async fn status_loop(
+    writer: Arc<Writer>,
+    stores: Arc<Stores>,
+    mut model: watch::Receiver<Option<Arc<Model>>>,
+    leader: watch::Receiver<bool>,
+) {
+    while model.changed().await.is_ok() {
+        tokio::time::sleep(STATUS_INTERVAL).await;
+        let Some(current) = model.borrow_and_update().clone() else {
+            continue;
+        };
         if !*leader.borrow() {
             continue;
         }
         let started = Instant::now();
-        let result = writer.reconcile(&stores).await;
-        writer.metrics.observe(started.elapsed(), result.is_ok());
+        let result = writer.status(&stores, &current).await;
+        writer
+            .metrics
+            .observe("status", started.elapsed(), result.is_ok());
+        tracing::debug!(ms = started.elapsed().as_millis() as u64, "status pass");
         if let Err(error) = result {
-            tracing::warn!(error = format!("{error:#}"), "reconcile failed; retrying");
+            tracing::warn!(error = format!("{error:#}"), "status pass failed; retrying");
             tokio::time::sleep(Duration::from_secs(1)).await;
-            changed.notify_one();
+            model.mark_changed();
         }
     }
 }
@@ -210,28 +208,23 @@ struct Writer {
 }
 
 impl Writer {
-    async fn reconcile(&self, stores: &Stores) -> anyhow::Result<()> {
-        let started = Instant::now();
-        let index = stores.index();
-        let indexed = started.elapsed();
-        let targets = compile_all(&index);
-        let compiled = started.elapsed();
+    /// What the data plane reads: derived RouteTargets, then every node's config.
+    async fn configs(
+        &self,
+        stores: &Stores,
+        index: &Index,
+        targets: &BTreeMap<Key, Target>,
+        shared: &Shared,
+    ) -> anyhow::Result<()> {
+        self.derived_targets(stores, index, targets).await?;
+        self.node_configs(stores, index, targets, shared).await
+    }
+
+    async fn status(&self, stores: &Stores, model: &Model) -> anyhow::Result<()> {
         let now = Time(Timestamp::now());
-        // The data plane's configs first, then what users read.
-        self.derived_targets(stores, &index, &targets).await?;
-        self.node_configs(stores, &index, &targets).await?;
-        let configs = started.elapsed();
-        self.target_status(stores, &index, &targets, &now).await?;
-        self.route_status(stores, &index, &targets, &now).await?;
-        tracing::debug!(
-            index_ms = indexed.as_millis() as u64,
-            compile_ms = (compiled - indexed).as_millis() as u64,
-            node_configs_ms = (configs - compiled).as_millis() as u64,
-            status_ms = (started.elapsed() - configs).as_millis() as u64,
-            targets = targets.len(),
-            "reconcile pass"
-        );
-        Ok(())
+        self.target_status(stores, model, &now).await?;
+        self.route_status(stores, &model.index, &model.targets, &now)
+            .await
     }
 
     /// Creates a RouteTarget for each target Service without one, and deletes derived
@@ -316,10 +309,10 @@ impl Writer {
     async fn target_status(
         &self,
         stores: &Stores,
-        index: &Index,
-        targets: &BTreeMap<Key, Target>,
+        model: &Model,
         now: &Time,
     ) -> anyhow::Result<()> {
+        let (index, targets) = (&*model.index, &model.targets);
         let mut writes: Vec<Write<'_>> = Vec::new();
         for object in stores.targets.state() {
             let namespace = object.namespace().unwrap_or_default();
@@ -339,7 +332,7 @@ impl Writer {
             let desired = status::route_target_status(
                 index,
                 target,
-                &self.config.trust_domain,
+                &model.shared.identities,
                 object.metadata.generation,
                 previous,
                 now,
@@ -362,7 +355,7 @@ impl Writer {
                 Ok(())
             }));
         }
-        write_all(writes).await
+        write_all(writes, STATUS_WRITES_IN_FLIGHT).await
     }
 
     /// An Event on the RouteTarget when its Accepted condition changes.
@@ -432,7 +425,7 @@ impl Writer {
                 ours.get(&key),
             ));
         }
-        write_all(writes).await
+        write_all(writes, STATUS_WRITES_IN_FLIGHT).await
     }
 
     /// The write of a route's merged status.parents, if it changes.
@@ -475,6 +468,7 @@ impl Writer {
         stores: &Stores,
         index: &Index,
         targets: &BTreeMap<Key, Target>,
+        shared: &Shared,
     ) -> anyhow::Result<()> {
         let api: Api<NodeConfig> = Api::all(self.client.clone());
         let existing: BTreeMap<String, Arc<NodeConfig>> = stores
@@ -483,26 +477,40 @@ impl Writer {
             .into_iter()
             .map(|c| (c.name_any(), c))
             .collect();
-        let shared = node_config::Shared::new(index, targets, &self.config.trust_domain);
         let mut writes: Vec<Write<'_>> = Vec::new();
         for node in &index.nodes {
-            let spec: NodeConfigSpec = node_config::node_config(node, targets, &shared);
+            let spec: NodeConfigSpec = node_config::node_config(node, targets, shared);
+            let exists = existing.contains_key(node);
             if existing.get(node).is_some_and(|c| c.spec == spec) {
                 continue;
             }
             let api = api.clone();
             writes.push(Box::pin(async move {
-                let params = PatchParams::apply(FIELD_MANAGER).force();
-                let object = serde_json::json!({
-                    "apiVersion": "aether.io/v1alpha1", "kind": "NodeConfig", "metadata": {"name": node}, "spec": spec,
-                });
-                api.patch(node, &params, &Patch::Apply(object)).await?;
+                // The spec is the operator's alone: replaced whole, which costs the API
+                // server far less than a server-side apply of a large object.
+                if exists {
+                    replace_spec(&api, node, &spec).await?;
+                } else {
+                    let object = NodeConfig::new(node, spec.clone());
+                    let params = PostParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    };
+                    match api.create(&params, &object).await {
+                        Ok(_) => {}
+                        // Written by an earlier pass whose write the cache has not seen yet.
+                        Err(kube::Error::Api(e)) if e.code == 409 => {
+                            replace_spec(&api, node, &spec).await?
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 self.metrics.writes.inc();
                 tracing::info!(node, "updated NodeConfig");
                 Ok(())
             }));
         }
-        write_all(writes).await?;
+        write_all(writes, WRITES_IN_FLIGHT).await?;
         for name in existing.keys().filter(|n| !index.nodes.contains(*n)) {
             match api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}

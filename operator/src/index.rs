@@ -75,7 +75,45 @@ fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
     )
 }
 
+/// Removes the entries of one namespace (or all) from a map keyed by namespace first.
+fn clear_namespace<K: Ord, V>(
+    map: &mut BTreeMap<K, V>,
+    namespace_of: impl Fn(&K) -> &str,
+    namespace: Option<&str>,
+) {
+    match namespace {
+        Some(namespace) => map.retain(|k, _| namespace_of(k) != namespace),
+        None => map.clear(),
+    }
+}
+
 impl Index {
+    /// The `clear_*` methods drop one namespace's part (or all) of a kind before it is
+    /// re-read from the cache.
+    pub fn clear_services(&mut self, namespace: Option<&str>) {
+        clear_namespace(&mut self.services, |k| &k.0, namespace);
+    }
+
+    pub fn clear_routes(&mut self, kind: &str, namespace: Option<&str>) {
+        let other = |k: &(&'static str, String, String)| {
+            k.0 != kind || namespace.is_some_and(|ns| ns != k.1)
+        };
+        self.routes.retain(|k, _| other(k));
+        self.route_generations.retain(|k, _| other(k));
+    }
+
+    pub fn clear_targets(&mut self, namespace: Option<&str>) {
+        clear_namespace(&mut self.targets, |k| &k.0, namespace);
+    }
+
+    pub fn clear_pods(&mut self, namespace: Option<&str>) {
+        clear_namespace(&mut self.pods, |k| &k.0, namespace);
+    }
+
+    pub fn clear_endpoints(&mut self, namespace: Option<&str>) {
+        clear_namespace(&mut self.ready_endpoints, |k| &k.0, namespace);
+    }
+
     pub fn add_service(&mut self, service: &Service) {
         let (namespace, name) = ns_name(&service.metadata);
         let spec = service.spec.clone().unwrap_or_default();

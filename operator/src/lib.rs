@@ -2,6 +2,7 @@
 //! the routes' status and the per-node config, and runs the mesh certificate authority.
 
 pub mod ca;
+pub mod cache;
 pub mod controller;
 pub mod index;
 pub mod leader;

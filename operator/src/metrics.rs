@@ -8,32 +8,43 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
+/// The two reconcile loops: `config` (derived RouteTargets, NodeConfigs: what the data
+/// plane reads) and `status` (RouteTarget and route status: what users read).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Pass {
+    pub pass: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
-    pub reconciles: Counter,
-    pub errors: Counter,
+    reconciles: Family<Pass, Counter>,
+    errors: Family<Pass, Counter>,
     pub writes: Counter,
-    duration: Histogram,
+    /// Changed parts of the index (a kind in a namespace) waiting for the next pass.
+    pub queue_depth: Gauge,
+    duration: Family<Pass, Histogram>,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("aether_operator");
-        let reconciles = Counter::default();
-        let errors = Counter::default();
+        let reconciles = Family::<Pass, Counter>::default();
+        let errors = Family::<Pass, Counter>::default();
         let writes = Counter::default();
-        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
-        registry.register(
-            "reconciles",
-            "Reconcile passes over the whole index",
-            reconciles.clone(),
-        );
+        let queue_depth = Gauge::default();
+        let duration = Family::<Pass, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 14))
+        });
+        registry.register("reconciles", "Reconcile passes", reconciles.clone());
         registry.register(
             "reconcile_errors",
             "Reconcile passes that failed and were retried",
@@ -45,6 +56,11 @@ impl Metrics {
             writes.clone(),
         );
         registry.register(
+            "queue_depth",
+            "Changed parts of the index (a kind in a namespace) taken by the last config pass",
+            queue_depth.clone(),
+        );
+        registry.register(
             "reconcile_duration_seconds",
             "Time of one reconcile pass",
             duration.clone(),
@@ -54,16 +70,20 @@ impl Metrics {
             reconciles,
             errors,
             writes,
+            queue_depth,
             duration,
         }
     }
 
-    pub fn observe(&self, took: Duration, ok: bool) {
-        self.reconciles.inc();
+    pub fn observe(&self, pass: &'static str, took: Duration, ok: bool) {
+        let pass = Pass { pass };
+        self.reconciles.get_or_create(&pass).inc();
         if !ok {
-            self.errors.inc();
+            self.errors.get_or_create(&pass).inc();
         }
-        self.duration.observe(took.as_secs_f64());
+        self.duration
+            .get_or_create(&pass)
+            .observe(took.as_secs_f64());
     }
 
     fn text(&self) -> String {

@@ -2,31 +2,37 @@
 //! tables and backend identities that this node's meshed pods may need (demand scope).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 
-use aether_crds::node_config::{CaptureEntry, NodeConfigSpec, ServiceIdentities, TargetTable};
+use aether_crds::node_config::{NodeConfigSpec, ServiceIdentities, TargetTable};
 use aether_routing::RouteTable;
 use aether_routing::table::BackendTarget;
 
 use crate::index::{Index, Key, key};
 use crate::targets::Target;
 
-/// ClusterIP:port pairs of every route target, sorted.
-pub fn capture_set(index: &Index, targets: &BTreeMap<Key, Target>) -> Vec<CaptureEntry> {
-    let mut capture: Vec<CaptureEntry> = targets
+/// `ClusterIP:port` of every route target, sorted by address.
+pub fn capture_set(index: &Index, targets: &BTreeMap<Key, Target>) -> Vec<String> {
+    let mut capture: Vec<SocketAddr> = targets
         .keys()
-        .filter_map(|k| index.services.get(k).map(|s| (k, s)))
-        .flat_map(|((ns, name), service)| {
-            service.cluster_ips.iter().flat_map(move |ip| {
-                service.info.ports.iter().map(move |p| CaptureEntry {
-                    ip: ip.clone(),
-                    port: i32::from(p.port),
-                    target: format!("{ns}/{name}"),
+        .filter_map(|k| index.services.get(k))
+        .flat_map(|service| {
+            service
+                .cluster_ips
+                .iter()
+                .filter_map(|ip| ip.parse::<IpAddr>().ok())
+                .flat_map(|ip| {
+                    service
+                        .info
+                        .ports
+                        .iter()
+                        .map(move |p| SocketAddr::new(ip, p.port))
                 })
-            })
         })
         .collect();
     capture.sort();
-    capture
+    capture.dedup();
+    capture.iter().map(SocketAddr::to_string).collect()
 }
 
 /// The backend Services a table sends traffic or mirrors to.
@@ -106,7 +112,7 @@ pub struct Clients {
 /// What every node's config is cut from, computed once per pass: identities, each
 /// target's serialised table, and each node's clients.
 pub struct Shared {
-    pub capture: Vec<CaptureEntry>,
+    pub capture: Vec<String>,
     pub identities: BTreeMap<Key, Vec<String>>,
     pub tables: BTreeMap<Key, serde_json::Value>,
     pub clients: BTreeMap<String, Clients>,
@@ -222,7 +228,7 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
         .collect();
     NodeConfigSpec {
         capture_count: capture.len() as i32,
-        capture,
+        capture_addresses: capture,
         table_count: tables.len() as i32,
         tables,
         identities,

@@ -51,10 +51,11 @@ fn programmed(index: &Index) -> (usize, usize) {
     (applied, total)
 }
 
+/// `identities`: the SPIFFE IDs behind each Service (`node_config::identity_map`).
 pub fn route_target_status(
     index: &Index,
     target: &Target,
-    trust_domain: &str,
+    identities: &BTreeMap<Key, Vec<String>>,
     generation: Option<i64>,
     previous: Option<&RouteTargetStatus>,
     now: &Time,
@@ -127,7 +128,7 @@ pub fn route_target_status(
             let backend: Key = (namespace.clone(), service.clone());
             ResolvedBackend {
                 ready_endpoints: index.ready_endpoints.get(&backend).copied().unwrap_or(0) as i32,
-                identities: index.identities(trust_domain, &backend),
+                identities: identities.get(&backend).cloned().unwrap_or_default(),
                 namespace,
                 service,
                 port: i32::from(port),
@@ -229,40 +230,42 @@ pub fn route_parents(
     index: &Index,
     now: &Time,
 ) -> BTreeMap<(&'static str, String, String), Vec<Value>> {
-    let mut out: BTreeMap<(&'static str, String, String), Vec<Value>> = BTreeMap::new();
-    for (route_key, route) in &index.routes {
-        let entries = out.entry(route_key.clone()).or_default();
-        let generation = index.route_generations.get(route_key).copied();
-        for target in targets.values() {
-            let Some(outcome) = target
-                .compiled
-                .routes
-                .iter()
-                .find(|o| o.route == route.route)
-            else {
-                continue;
-            };
-            for parent in &outcome.parents {
-                let p = &route.parents[parent.parent_index];
-                let mut parent_ref = json!({"group": "", "kind": "Service", "name": p.name});
-                if let Some(ns) = &p.namespace {
-                    parent_ref["namespace"] = json!(ns);
-                }
-                if let Some(port) = p.port {
-                    parent_ref["port"] = json!(port);
-                }
-                if let Some(section) = &p.section_name {
-                    parent_ref["sectionName"] = json!(section);
-                }
-                let verdict = |kind: &str, v: &Verdict| {
-                    condition(kind, v.ok, &v.reason, &v.message, generation, &[], now)
-                };
-                entries.push(json!({
-                    "parentRef": parent_ref,
-                    "controllerName": CONTROLLER_NAME,
-                    "conditions": [verdict(conditions::ACCEPTED, &parent.accepted), verdict(conditions::RESOLVED_REFS, &parent.resolved_refs)],
-                }));
+    let mut out: BTreeMap<(&'static str, String, String), Vec<Value>> = index
+        .routes
+        .keys()
+        .map(|k| (k.clone(), Vec::new()))
+        .collect();
+    for outcome in targets.values().flat_map(|t| &t.compiled.routes) {
+        let route_key = (
+            outcome.route.kind.as_str(),
+            outcome.route.namespace.clone(),
+            outcome.route.name.clone(),
+        );
+        let (Some(route), Some(entries)) = (index.routes.get(&route_key), out.get_mut(&route_key))
+        else {
+            continue;
+        };
+        let generation = index.route_generations.get(&route_key).copied();
+        for parent in &outcome.parents {
+            let p = &route.parents[parent.parent_index];
+            let mut parent_ref = json!({"group": "", "kind": "Service", "name": p.name});
+            if let Some(ns) = &p.namespace {
+                parent_ref["namespace"] = json!(ns);
             }
+            if let Some(port) = p.port {
+                parent_ref["port"] = json!(port);
+            }
+            if let Some(section) = &p.section_name {
+                parent_ref["sectionName"] = json!(section);
+            }
+            let verdict = |kind: &str, v: &Verdict| {
+                condition(kind, v.ok, &v.reason, &v.message, generation, &[], now)
+            };
+            entries.push(json!({
+                "parentRef": parent_ref,
+                "controllerName": CONTROLLER_NAME,
+                "conditions": [verdict(conditions::ACCEPTED, &parent.accepted), verdict(conditions::RESOLVED_REFS, &parent.resolved_refs)],
+            }));
         }
     }
     out

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aether_routing::{Compiled, RouteSource, compile};
+use aether_routing::{Compiled, ParentRef, RouteSource, compile};
 
 use crate::index::{Index, Key, key};
 
@@ -18,54 +18,43 @@ pub struct Target {
     pub hand_written: bool,
 }
 
-/// Services named as a core `Service` parentRef by any route, and those of hand-written
-/// RouteTargets.
-pub fn target_keys(index: &Index) -> BTreeSet<Key> {
-    let mut keys: BTreeSet<Key> = index
-        .routes
-        .values()
-        .flat_map(|route| {
-            route.parents.iter().filter_map(|p| {
-                let core = matches!(p.group.as_deref(), Some("") | Some("core"));
-                (core && p.kind.as_deref() == Some("Service")).then(|| {
-                    key(
-                        p.namespace.as_deref().unwrap_or(&route.route.namespace),
-                        &p.name,
-                    )
-                })
-            })
-        })
-        .collect();
-    keys.extend(
-        index
-            .targets
-            .iter()
-            .filter(|(_, t)| !t.derived)
-            .map(|((ns, _), t)| key(ns, &t.service)),
-    );
-    keys
+/// The Service a parentRef names, if it is a core `Service` parentRef.
+fn parent_service(parent: &ParentRef, route_namespace: &str) -> Option<Key> {
+    let core = matches!(parent.group.as_deref(), Some("") | Some("core"));
+    (core && parent.kind.as_deref() == Some("Service")).then(|| {
+        key(
+            parent.namespace.as_deref().unwrap_or(route_namespace),
+            &parent.name,
+        )
+    })
 }
 
-/// Compiles every route target.
+/// Compiles every route target: each Service named as a core `Service` parentRef by any
+/// route, and each Service of a hand-written RouteTarget.
 pub fn compile_all(index: &Index) -> BTreeMap<Key, Target> {
-    target_keys(index)
+    let mut sources: BTreeMap<Key, (Vec<RouteSource>, Option<RouteSource>)> = BTreeMap::new();
+    for route in index.routes.values() {
+        let named: BTreeSet<Key> = route
+            .parents
+            .iter()
+            .filter_map(|p| parent_service(p, &route.route.namespace))
+            .collect();
+        for target in named {
+            sources.entry(target).or_default().0.push(route.clone());
+        }
+    }
+    for ((namespace, _), object) in &index.targets {
+        if object.derived {
+            continue;
+        }
+        let entry = sources.entry(key(namespace, &object.service)).or_default();
+        if entry.1.is_none() {
+            entry.1 = object.inline.clone();
+        }
+    }
+    sources
         .into_iter()
-        .map(|target| {
-            let mut routes: Vec<RouteSource> = index
-                .routes
-                .values()
-                .filter(|r| {
-                    r.parents
-                        .iter()
-                        .any(|p| p.is_service(&r.route.namespace, &target.0, &target.1))
-                })
-                .cloned()
-                .collect();
-            let inline = index
-                .targets
-                .iter()
-                .find(|((ns, _), t)| *ns == target.0 && t.service == target.1 && !t.derived)
-                .and_then(|(_, t)| t.inline.clone());
+        .map(|(target, (mut routes, inline))| {
             let hand_written = inline.is_some();
             routes.extend(inline);
             let compiled = compile(&target.0, &target.1, &routes, index);

@@ -91,16 +91,15 @@ async fn routes_become_route_targets_with_status_and_node_configs() -> Result<()
             let config = configs.get_opt(node).await?;
             Ok(config.filter(|c| {
                 c.spec
-                    .capture
-                    .iter()
-                    .any(|e| e.ip == cluster_ip && e.port == 80)
+                    .capture_addresses
+                    .contains(&format!("{cluster_ip}:80"))
                     && c.spec.tables.iter().any(|t| t.service == "echo") == wants_table
             }))
         })
         .await?;
         assert_eq!(
             config.spec.capture_count as usize,
-            config.spec.capture.len()
+            config.spec.capture_addresses.len()
         );
     }
 

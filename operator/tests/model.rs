@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use aether_crds::NodeConfig;
 use aether_operator::index::{Index, key};
+use aether_operator::node_config::identity_map;
 use aether_operator::node_config::{Shared, node_config};
 use aether_operator::status::{merge_parents, route_parents, route_target_status};
-use aether_operator::targets::{compile_all, target_keys};
+use aether_operator::targets::compile_all;
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -128,7 +129,7 @@ fn now() -> Time {
 #[test]
 fn services_named_as_parents_become_route_targets() {
     let index = index();
-    let keys: Vec<_> = target_keys(&index).into_iter().collect();
+    let keys: Vec<_> = compile_all(&index).into_keys().collect();
     assert_eq!(
         keys,
         [key(MESH, "echo"), key(MESH, "v1")],
@@ -143,7 +144,7 @@ fn route_target_status_reports_ips_routes_backends_identities_and_conditions() {
     let status = route_target_status(
         &index,
         &targets[&key(MESH, "echo")],
-        TD,
+        &identity_map(&index, &targets, TD),
         Some(1),
         None,
         &now(),
@@ -200,7 +201,7 @@ fn route_target_status_reports_ips_routes_backends_identities_and_conditions() {
     let again = route_target_status(
         &index,
         &targets[&key(MESH, "echo")],
-        TD,
+        &identity_map(&index, &targets, TD),
         Some(1),
         Some(&status),
         &later,
@@ -221,7 +222,7 @@ fn a_missing_or_headless_service_is_not_accepted() {
     let status = route_target_status(
         &index,
         &targets[&key(MESH, "nothing")],
-        TD,
+        &identity_map(&index, &targets, TD),
         None,
         None,
         &now(),

@@ -6,14 +6,16 @@
 //! pool. One lock serialises every change, so a registration and a capture set update can never
 //! interleave and leave a pod's table behind.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use aether_cni::decision::Meshing;
-use aether_cni::nft::{self, Nft, TableSpec};
+use aether_cni::nft::{self, Nft, Strict, TableSpec};
 use aether_cni::protocol::{
     CapturePlan, CheckStatus, Decision, ErrorKind, ErrorReply, PodRef, Request, Response,
+    StrictPlan,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, error, info, warn};
@@ -34,12 +36,15 @@ pub struct AgentConfig {
     pub capture_port: u16,
     /// The inbound mTLS port opened in every registered pod; `None` without a mesh.
     pub inbound_port: Option<u16>,
+    /// The node's own addresses: strict mode still lets them connect (kubelet probes).
+    pub hosts: Vec<IpAddr>,
     pub nft: Nft,
 }
 
 pub struct Agent {
     capture_port: u16,
     inbound_port: Option<u16>,
+    hosts: Vec<IpAddr>,
     nft: Nft,
     registry_path: PathBuf,
     view: Arc<dyn PodView>,
@@ -101,6 +106,7 @@ impl Agent {
         let agent = Agent {
             capture_port: config.capture_port,
             inbound_port: config.inbound_port,
+            hosts: config.hosts,
             nft: config.nft,
             registry_path,
             view,
@@ -204,6 +210,7 @@ impl Agent {
                 ips,
                 generation,
             } => self.register(RegisteredPod {
+                strict_inbound_port: self.strict_port(&pod),
                 pod,
                 container_id,
                 ifname,
@@ -232,6 +239,10 @@ impl Agent {
                     capture_port: self.capture_port,
                     targets: capture.targets,
                     generation: capture.generation,
+                    strict: self.strict_port(pod).map(|inbound_port| StrictPlan {
+                        inbound_port,
+                        hosts: self.hosts.clone(),
+                    }),
                 }))
             }
             Err(e) => error_reply(ErrorKind::NotReady, e.to_string()),
@@ -312,6 +323,8 @@ impl Agent {
                 Response::Checked(CheckStatus::Meshed {
                     registered: registered.is_some() && state.listeners.is_open(container_id),
                     capture_port: registered.map_or(self.capture_port, |p| p.capture_port),
+                    strict_inbound_port: registered
+                        .map_or_else(|| self.strict_port(pod), |p| p.strict_inbound_port),
                 })
             }
             Err(e) => error_reply(ErrorKind::NotReady, e.to_string()),
@@ -353,10 +366,7 @@ impl Agent {
             if !pod.netns.exists() {
                 continue;
             }
-            let spec = TableSpec {
-                capture_port: pod.capture_port,
-                families: pod.families(),
-            };
+            let spec = self.table_spec(pod);
             match nft::verify(&self.nft, &pod.netns, &spec) {
                 Ok(drift) if drift.is_empty() => {}
                 Ok(drift) => {
@@ -425,6 +435,64 @@ impl Agent {
 
     pub fn forward_counts(&self) -> ForwardCounts {
         self.plane.counts()
+    }
+
+    /// Brings every registered pod's table to its namespace's mTLS mode: a namespace labelled
+    /// (or no longer labelled) `aether.io/mtls=strict` gets its pods' tables reinstalled with
+    /// (or without) strict mode's chain. Returns the pods whose mode changed.
+    pub fn sync_modes(&self) -> Vec<PodRef> {
+        let mut state = self.lock();
+        let mut next = state.registry.clone();
+        let mut changed = Vec::new();
+        for pod in state.registry.pods() {
+            let want = self.strict_port(&pod.pod);
+            if want == pod.strict_inbound_port || !pod.netns.exists() {
+                continue;
+            }
+            let mut updated = pod.clone();
+            updated.strict_inbound_port = want;
+            match nft::install(
+                &self.nft,
+                &pod.netns,
+                &self.table_spec(&updated),
+                &state.capture.targets,
+            ) {
+                Ok(()) => {
+                    info!(pod = %pod.pod, strict = want.is_some(), "changed the pod's mTLS mode");
+                    next.insert(updated);
+                    changed.push(pod.pod.clone());
+                }
+                Err(e) => {
+                    warn!(pod = %pod.pod, error = %e, "cannot change the pod's mTLS mode; retrying")
+                }
+            }
+        }
+        if next != state.registry
+            && let Err(e) = next.save(&self.registry_path)
+        {
+            error!(error = %e, "cannot save the pod registry after an mTLS mode change");
+        }
+        state.registry = next;
+        changed
+    }
+
+    /// The inbound port, when the pod's namespace is in strict mode and the proxy has a mesh
+    /// (without one there is no mTLS to require). An unknown namespace is not strict yet.
+    fn strict_port(&self, pod: &PodRef) -> Option<u16> {
+        self.inbound_port
+            .filter(|_| pod_view::strict(&*self.view, pod).unwrap_or(false))
+    }
+
+    /// The table a registered pod has, by its record.
+    fn table_spec(&self, pod: &RegisteredPod) -> TableSpec {
+        TableSpec {
+            capture_port: pod.capture_port,
+            families: pod.families(),
+            strict: pod.strict_inbound_port.map(|inbound_port| Strict {
+                inbound_port,
+                hosts: self.hosts.clone(),
+            }),
+        }
     }
 
     fn pod_info(&self, pod: &RegisteredPod) -> PodInfo {

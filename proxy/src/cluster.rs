@@ -300,14 +300,20 @@ pub async fn apply_changes(
         let capture = snapshot.capture.clone();
         let generation = snapshot.generation;
         let agent_ = agent.clone();
-        let applied =
-            match tokio::task::spawn_blocking(move || agent_.update_capture_set(capture)).await {
-                Ok(update) => update.failed.is_empty(),
-                Err(e) => {
-                    warn!(error = %e, "updating the pods' capture sets failed");
-                    false
-                }
-            };
+        let applied = tokio::task::spawn_blocking(move || {
+            let update = agent_.update_capture_set(capture);
+            // A namespace's mTLS mode may have changed with the view.
+            agent_.sync_modes();
+            update
+        })
+        .await;
+        let applied = match applied {
+            Ok(update) => update.failed.is_empty(),
+            Err(e) => {
+                warn!(error = %e, "updating the pods' capture sets failed");
+                false
+            }
+        };
         metrics.captured_pods.set(agent.registered().len() as i64);
         if let Some(generation) = generation
             && applied

@@ -15,6 +15,7 @@
 //! - [`balancer`]: endpoint choice (power of two choices over EWMA latency).
 //! - [`identity`]: SVIDs, their renewal, and the TLS configurations of the mesh hop.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
+//! - [`fuzzing`]: what the HTTP routing fuzz target checks.
 
 pub mod agent;
 pub mod balancer;
@@ -23,6 +24,7 @@ pub mod cluster;
 pub mod cni_kubeconfig;
 pub mod cni_server;
 pub mod dataplane;
+pub mod fuzzing;
 pub mod identity;
 pub mod listeners;
 pub mod mesh;

@@ -20,7 +20,7 @@ use aether_proxy::identity::tls::{Certs, TrustStore};
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::{self, Metrics};
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
-use aether_proxy::{cni_kubeconfig, cni_server};
+use aether_proxy::{cni_kubeconfig, cni_server, netns};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
@@ -190,6 +190,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 state_dir: args.state_dir.clone(),
                 capture_port: args.capture_port,
                 inbound_port: None,
+                hosts: Vec::new(),
                 nft,
             };
             let plane = DataPlane::new(None);
@@ -245,6 +246,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 state_dir: args.state_dir.clone(),
                 capture_port: args.capture_port,
                 inbound_port: Some(args.inbound_port),
+                hosts: netns::host_addresses().context("listing the node's addresses")?,
                 nft,
             };
             let agent = start_agent(

@@ -114,22 +114,21 @@ impl Snapshot {
         let Some((generation, spec)) = inputs.node_config else {
             return snapshot;
         };
+        let by_address = service_addresses(inputs.services);
         let mut targets = Vec::new();
-        for entry in &spec.capture {
-            let (Ok(ip), Ok(port), Some(key)) = (
-                entry.ip.parse::<IpAddr>(),
-                u16::try_from(entry.port),
-                ServiceKey::parse(&entry.target),
-            ) else {
-                snapshot.errors.push(format!(
-                    "capture entry {}:{} -> {:?} is malformed",
-                    entry.ip, entry.port, entry.target
-                ));
+        for entry in &spec.capture_addresses {
+            let Ok(addr) = entry.parse::<SocketAddr>() else {
+                snapshot
+                    .errors
+                    .push(format!("capture entry {entry:?} is not an IP:port"));
                 continue;
             };
-            let addr = SocketAddr::new(ip, port);
             targets.push(addr);
-            snapshot.captured.insert(addr, key);
+            // A Service this proxy's watch has not delivered yet is captured but passes
+            // through until it has.
+            if let Some(key) = by_address.get(&addr) {
+                snapshot.captured.insert(addr, key.clone());
+            }
         }
         targets.sort();
         targets.dedup();
@@ -188,6 +187,34 @@ impl Snapshot {
 
 /// Ready endpoints per Service port, matching Service ports to EndpointSlice ports by name as
 /// the EndpointSlice controller does.
+/// The Service behind each ClusterIP:port.
+fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKey> {
+    let mut out = HashMap::new();
+    for service in services {
+        let (Some(ns), Some(name), Some(spec)) = (
+            service.metadata.namespace.as_deref(),
+            service.metadata.name.as_deref(),
+            service.spec.as_ref(),
+        ) else {
+            continue;
+        };
+        let ips = spec
+            .cluster_ips
+            .iter()
+            .flatten()
+            .chain(spec.cluster_ip.iter())
+            .filter_map(|ip| ip.parse::<IpAddr>().ok());
+        for ip in ips {
+            for port in spec.ports.iter().flatten() {
+                if let Ok(port) = u16::try_from(port.port) {
+                    out.insert(SocketAddr::new(ip, port), ServiceKey::new(ns, name));
+                }
+            }
+        }
+    }
+    out
+}
+
 fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKey, ServiceEntry> {
     let mut slices: HashMap<ServiceKey, Vec<&EndpointSlice>> = HashMap::new();
     for slice in inputs.slices {
@@ -264,16 +291,16 @@ fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKe
 
 #[cfg(test)]
 mod tests {
-    use aether_crds::node_config::{CaptureEntry, ServiceIdentities, TargetTable};
+    use aether_crds::node_config::{ServiceIdentities, TargetTable};
     use serde_json::json;
 
     use super::*;
 
-    fn service(ns: &str, name: &str, ports: &[(&str, i32)]) -> Arc<Service> {
+    fn service(ns: &str, name: &str, cluster_ip: &str, ports: &[(&str, i32)]) -> Arc<Service> {
         Arc::new(
             serde_json::from_value(json!({
                 "metadata": {"namespace": ns, "name": name},
-                "spec": {"ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p})).collect::<Vec<_>>()},
+                "spec": {"clusterIP": cluster_ip, "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p})).collect::<Vec<_>>()},
             }))
             .unwrap(),
         )
@@ -310,19 +337,13 @@ mod tests {
 
     fn spec() -> NodeConfigSpec {
         NodeConfigSpec {
-            capture: vec![
-                CaptureEntry {
-                    ip: "10.96.0.20".into(),
-                    port: 80,
-                    target: "shop/echo".into(),
-                },
-                CaptureEntry {
-                    ip: "bad".into(),
-                    port: 80,
-                    target: "shop/echo".into(),
-                },
+            capture_addresses: vec![
+                "10.96.0.20:80".into(),
+                // No Service of this proxy's watch has it (yet).
+                "10.96.0.30:80".into(),
+                "bad:80".into(),
             ],
-            capture_count: 2,
+            capture_count: 3,
             tables: vec![
                 TargetTable {
                     namespace: "shop".into(),
@@ -347,7 +368,15 @@ mod tests {
     #[test]
     fn builds_endpoints_capture_tables_and_identities() {
         let spec = spec();
-        let services = [service("shop", "echo-v1", &[("http", 80), ("grpc", 7070)])];
+        let services = [
+            service("shop", "echo", "10.96.0.20", &[("http", 80)]),
+            service(
+                "shop",
+                "echo-v1",
+                "10.96.0.21",
+                &[("http", 80), ("grpc", 7070)],
+            ),
+        ];
         let slices = [
             slice(
                 "shop",
@@ -381,11 +410,16 @@ mod tests {
         assert_eq!(snapshot.endpoints(&v1, 7070).len(), 1);
         assert!(snapshot.endpoints(&v1, 9999).is_empty());
         assert_eq!(snapshot.capture.generation, 4);
-        assert_eq!(snapshot.capture.targets, ["10.96.0.20:80".parse().unwrap()]);
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(
-            snapshot.captured[&"10.96.0.20:80".parse().unwrap()],
+            snapshot.capture.targets,
+            [addr("10.96.0.20:80"), addr("10.96.0.30:80")]
+        );
+        assert_eq!(
+            snapshot.captured[&addr("10.96.0.20:80")],
             ServiceKey::new("shop", "echo")
         );
+        assert!(!snapshot.captured.contains_key(&addr("10.96.0.30:80")));
         assert!(
             snapshot
                 .targets

@@ -89,6 +89,30 @@ pub async fn connect_from(
     socket.connect(to).await.map_err(connect_error)
 }
 
+/// The addresses of the proxy's own network namespace, the node's (the proxy runs on the
+/// host network), loopback excluded: where the kubelet's probes of a pod come from.
+pub fn host_addresses() -> io::Result<Vec<std::net::IpAddr>> {
+    let mut out = Vec::new();
+    for interface in nix::ifaddrs::getifaddrs()? {
+        let Some(address) = interface.address else {
+            continue;
+        };
+        let ip = if let Some(v4) = address.as_sockaddr_in() {
+            std::net::IpAddr::V4(v4.ip())
+        } else if let Some(v6) = address.as_sockaddr_in6() {
+            std::net::IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        if !ip.is_loopback() {
+            out.push(ip);
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 /// The destination an app dialled before the pod's table redirected its connection to the
 /// capture listener (`SO_ORIGINAL_DST`, or `IP6T_SO_ORIGINAL_DST` for IPv6).
 pub fn original_dst(stream: &tokio::net::TcpStream) -> io::Result<SocketAddr> {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use aether_cni::decision::{self, Meshing};
 use aether_cni::protocol::PodRef;
+use aether_crds::well_known::{MTLS_LABEL, MTLS_STRICT};
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -35,6 +36,12 @@ pub fn meshing(view: &dyn PodView, pod: &PodRef) -> Result<Meshing, ViewError> {
     }
     let annotations = view.pod_annotations(pod)?;
     Ok(decision::decide(pod, &labels, &annotations))
+}
+
+/// Whether the pod's namespace asks for strict mTLS (`aether.io/mtls=strict`).
+pub fn strict(view: &dyn PodView, pod: &PodRef) -> Result<bool, ViewError> {
+    let labels = view.namespace_labels(&pod.namespace)?;
+    Ok(labels.get(MTLS_LABEL).is_some_and(|v| v == MTLS_STRICT))
 }
 
 #[cfg(test)]

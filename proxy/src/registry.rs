@@ -29,6 +29,9 @@ pub struct RegisteredPod {
     pub capture_port: u16,
     /// The capture set generation the pod's table holds.
     pub generation: u64,
+    /// The inbound port, when the pod's table is in strict mTLS mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_inbound_port: Option<u16>,
 }
 
 impl RegisteredPod {
@@ -216,6 +219,7 @@ mod tests {
             ips: vec!["10.244.1.5".parse().unwrap(), "fd00::5".parse().unwrap()],
             capture_port: 15001,
             generation: 3,
+            strict_inbound_port: None,
         }
     }
 

@@ -249,6 +249,7 @@ fn a_registration_behind_the_capture_set_is_brought_up_to_date() {
     let spec = TableSpec {
         capture_port: CAPTURE_PORT,
         families: Families::for_pod(&ips),
+        strict: None,
     };
     nft::install(
         &Nft::default(),

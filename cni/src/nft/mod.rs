@@ -13,6 +13,21 @@
 //! }
 //! ```
 //!
+//! In strict mTLS mode (namespace label `aether.io/mtls=strict`) the table also refuses
+//! plaintext into the pod:
+//!
+//! ```text
+//!     set hosts4 { type ipv4_addr; }                       # the node's own addresses
+//!     chain input {
+//!         type filter hook input priority 0; policy accept;
+//!         ct state established,related accept               # replies to the pod's connections
+//!         iifname "lo" accept                              # the inbound proxy -> the app
+//!         tcp dport 15008 accept                           # mTLS from other proxies
+//!         ip saddr @hosts4 accept                          # the node: kubelet probes
+//!         meta l4proto tcp reject with tcp reset           # plaintext from anyone else
+//!     }
+//! ```
+//!
 //! `redirect` sends a matching connection to the capture port on the pod's loopback, where the
 //! node proxy listens (it opens that socket inside the pod's netns); `SO_ORIGINAL_DST` gives the
 //! proxy the ClusterIP:port the app dialled. Everything else is left to kube-proxy as before.
@@ -27,8 +42,8 @@ mod verify;
 
 pub use exec::{Nft, NftError};
 pub use ruleset::{
-    CHAIN, Families, Family, PROXY_SOCKET_MARK, RuleKind, TABLE, TableSpec, create_batch,
-    delete_batch, install_batch, replace_elements_batch,
+    CHAIN, Families, Family, PROXY_SOCKET_MARK, RuleKind, STRICT_CHAIN, Strict, TABLE, TableSpec,
+    create_batch, delete_batch, install_batch, replace_elements_batch,
 };
 pub use verify::{Drift, diff, our_objects};
 

@@ -6,16 +6,18 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use nftables::batch::Batch;
-use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
+use nftables::expr::{CT, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
 use nftables::schema::{
     Chain, Element, FlushObject, NfCmd, NfListObject, Nftables, Rule, Set, SetType, SetTypeValue,
     Table,
 };
-use nftables::stmt::{Match, NAT, Operator, Statement};
+use nftables::stmt::{Match, NAT, Operator, Reject, RejectType, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 pub const TABLE: &str = "aether";
 pub const CHAIN: &str = "output";
+/// The chain of strict mTLS mode, on the pod's incoming packets.
+pub const STRICT_CHAIN: &str = "input";
 /// The socket mark the node proxy sets (SO_MARK) on every socket it opens in a pod's netns, so
 /// its own connections are never captured. Matched exactly. A mark set inside the pod's netns is
 /// cleared when the packet leaves it through the veth, so no other netns ever sees it. An app
@@ -45,7 +47,15 @@ impl Family {
         }
     }
 
-    fn addr_type(self) -> SetType {
+    /// The set of the node's own addresses, which strict mode lets through.
+    pub fn hosts_set_name(self) -> &'static str {
+        match self {
+            Family::V4 => "hosts4",
+            Family::V6 => "hosts6",
+        }
+    }
+
+    pub(super) fn addr_type(self) -> SetType {
         match self {
             Family::V4 => SetType::Ipv4Addr,
             Family::V6 => SetType::Ipv6Addr,
@@ -92,13 +102,26 @@ impl Families {
 }
 
 /// Everything that fixes the table's shape. The set elements are not part of it: they change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableSpec {
     pub capture_port: u16,
     pub families: Families,
+    /// Strict mTLS mode: new TCP connections from other hosts reach only the inbound port.
+    pub strict: Option<Strict>,
 }
 
-/// The rules of the output chain, in order.
+/// What strict mode lets in besides the mesh: loopback (the inbound proxy hands requests to
+/// the app there), replies to the pod's own connections, and the node itself (kubelet probes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Strict {
+    /// The node proxy's inbound mTLS port in the pod.
+    pub inbound_port: u16,
+    /// The node's own addresses, the elements of `hostsN`. Not part of the shape: like the
+    /// capture set's, they are not compared by CHECK.
+    pub hosts: Vec<IpAddr>,
+}
+
+/// The rules of the table's chains, in order: the output chain's, then strict mode's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuleKind {
     /// `meta mark 0x0ae70000 return`: the proxy's own sockets pass untouched.
@@ -106,13 +129,47 @@ pub enum RuleKind {
     /// `ip daddr . tcp dport @capture4 redirect to :PORT` (and `ip6 … @capture6`). The `tcp
     /// dport` match implies `meta l4proto tcp`, which is how `nft` lists it back.
     Capture(Family),
+    /// Strict mode: `ct state established,related accept`.
+    StrictReplies,
+    /// Strict mode: `iifname "lo" accept`.
+    StrictLoopback,
+    /// Strict mode: `tcp dport PORT accept`, the inbound mTLS port.
+    StrictInbound(u16),
+    /// Strict mode: `ip saddr @hosts4 accept` (and `ip6 … @hosts6`).
+    StrictHosts(Family),
+    /// Strict mode: `meta l4proto tcp reject with tcp reset`: plaintext is refused.
+    StrictRefuse,
 }
 
 impl RuleKind {
+    /// The output chain's rules.
     pub fn all(spec: &TableSpec) -> Vec<RuleKind> {
         std::iter::once(RuleKind::ProxyExempt)
             .chain(spec.families.iter().map(RuleKind::Capture))
             .collect()
+    }
+
+    /// Strict mode's chain's rules; none without strict mode.
+    pub fn strict(spec: &TableSpec) -> Vec<RuleKind> {
+        let Some(strict) = &spec.strict else {
+            return Vec::new();
+        };
+        [
+            RuleKind::StrictReplies,
+            RuleKind::StrictLoopback,
+            RuleKind::StrictInbound(strict.inbound_port),
+        ]
+        .into_iter()
+        .chain(spec.families.iter().map(RuleKind::StrictHosts))
+        .chain([RuleKind::StrictRefuse])
+        .collect()
+    }
+
+    pub fn chain(self) -> &'static str {
+        match self {
+            RuleKind::ProxyExempt | RuleKind::Capture(_) => CHAIN,
+            _ => STRICT_CHAIN,
+        }
     }
 
     pub fn statements(self, spec: &TableSpec) -> Vec<Statement<'static>> {
@@ -141,6 +198,48 @@ impl RuleKind {
                     flags: None,
                 })),
             ],
+            RuleKind::StrictReplies => accept(Match {
+                left: Expression::Named(NamedExpression::CT(CT {
+                    key: "state".into(),
+                    family: None,
+                    dir: None,
+                })),
+                right: Expression::List(vec![
+                    Expression::String("established".into()),
+                    Expression::String("related".into()),
+                ]),
+                op: Operator::IN,
+            }),
+            RuleKind::StrictLoopback => accept(Match {
+                left: Expression::Named(NamedExpression::Meta(Meta {
+                    key: MetaKey::Iifname,
+                })),
+                right: Expression::String("lo".into()),
+                op: Operator::EQ,
+            }),
+            RuleKind::StrictInbound(port) => accept(Match {
+                left: payload("tcp", "dport"),
+                right: Expression::Number(port.into()),
+                op: Operator::EQ,
+            }),
+            RuleKind::StrictHosts(family) => accept(Match {
+                left: payload(family.protocol(), "saddr"),
+                right: Expression::String(format!("@{}", family.hosts_set_name()).into()),
+                op: Operator::EQ,
+            }),
+            RuleKind::StrictRefuse => vec![
+                Statement::Match(Match {
+                    left: Expression::Named(NamedExpression::Meta(Meta {
+                        key: MetaKey::L4proto,
+                    })),
+                    right: Expression::String("tcp".into()),
+                    op: Operator::EQ,
+                }),
+                Statement::Reject(Some(Reject {
+                    _type: Some(RejectType::TCPReset),
+                    expr: None,
+                })),
+            ],
         }
     }
 
@@ -154,8 +253,22 @@ impl RuleKind {
                 family.set_name(),
                 spec.capture_port
             ),
+            RuleKind::StrictReplies => "ct state established,related accept".into(),
+            RuleKind::StrictLoopback => "iifname \"lo\" accept".into(),
+            RuleKind::StrictInbound(port) => format!("tcp dport {port} accept"),
+            RuleKind::StrictHosts(family) => format!(
+                "{} saddr @{} accept",
+                family.protocol(),
+                family.hosts_set_name()
+            ),
+            RuleKind::StrictRefuse => "meta l4proto tcp reject with tcp reset".into(),
         }
     }
+}
+
+/// A match, then `accept`.
+fn accept(condition: Match<'static>) -> Vec<Statement<'static>> {
+    vec![Statement::Match(condition), Statement::Accept(None)]
 }
 
 impl fmt::Display for Family {
@@ -205,6 +318,27 @@ pub(super) fn set(family: Family) -> Set<'static> {
     }
 }
 
+/// `set hostsN { type ipvN_addr; }`: the node's own addresses, for strict mode.
+pub(super) fn hosts_set(family: Family) -> Set<'static> {
+    Set {
+        name: family.hosts_set_name().into(),
+        set_type: SetTypeValue::Single(family.addr_type()),
+        ..set(family)
+    }
+}
+
+/// `chain input { type filter hook input priority 0; policy accept; }`: strict mode's
+/// checks of the packets coming into the pod.
+pub(super) fn strict_chain() -> Chain<'static> {
+    Chain {
+        name: STRICT_CHAIN.into(),
+        _type: Some(NfChainType::Filter),
+        hook: Some(NfHook::Input),
+        prio: Some(0),
+        ..chain()
+    }
+}
+
 /// `chain output { type nat hook output priority -100; policy accept; }`: only locally
 /// generated packets, i.e. the pod's own outgoing connections, pass this hook.
 pub(super) fn chain() -> Chain<'static> {
@@ -226,7 +360,7 @@ fn rule(spec: &TableSpec, kind: RuleKind) -> Rule<'static> {
     Rule {
         family: NfFamily::INet,
         table: TABLE.into(),
-        chain: CHAIN.into(),
+        chain: kind.chain().into(),
         expr: Cow::Owned(kind.statements(spec)),
         handle: None,
         index: None,
@@ -283,21 +417,57 @@ pub fn install_batch(spec: &TableSpec, targets: &[SocketAddr]) -> Nftables<'stat
     batch.to_nftables()
 }
 
-/// Sets, chain, rules and elements. Targets of a family the pod does not have are left out:
+/// Sets, chains, rules and elements. Targets of a family the pod does not have are left out:
 /// it cannot reach them.
 fn add_contents(batch: &mut Batch<'static>, spec: &TableSpec, targets: &[SocketAddr]) {
     for family in spec.families.iter() {
         batch.add(NfListObject::Set(Box::new(set(family))));
+        if spec.strict.is_some() {
+            batch.add(NfListObject::Set(Box::new(hosts_set(family))));
+        }
     }
     batch.add(NfListObject::Chain(chain()));
-    for kind in RuleKind::all(spec) {
+    if spec.strict.is_some() {
+        batch.add(NfListObject::Chain(strict_chain()));
+    }
+    for kind in RuleKind::all(spec)
+        .into_iter()
+        .chain(RuleKind::strict(spec))
+    {
         batch.add(NfListObject::Rule(rule(spec, kind)));
     }
     for family in spec.families.iter() {
         if let Some(elements) = elements(family, targets) {
             batch.add(NfListObject::Element(elements));
         }
+        if let Some(hosts) = spec
+            .strict
+            .as_ref()
+            .and_then(|s| host_elements(family, &s.hosts))
+        {
+            batch.add(NfListObject::Element(hosts));
+        }
     }
+}
+
+/// `add element inet aether hostsN { ADDR, … }`, or `None` when there are none.
+fn host_elements(family: Family, hosts: &[IpAddr]) -> Option<Element<'static>> {
+    let unique: BTreeSet<IpAddr> = hosts
+        .iter()
+        .filter(|ip| Family::of(**ip) == family)
+        .copied()
+        .collect();
+    (!unique.is_empty()).then(|| Element {
+        family: NfFamily::INet,
+        table: TABLE.into(),
+        name: family.hosts_set_name().into(),
+        elem: Cow::Owned(
+            unique
+                .into_iter()
+                .map(|ip| Expression::String(ip.to_string().into()))
+                .collect(),
+        ),
+    })
 }
 
 /// `flush set inet aether captureN` + `add element …` per family, in one transaction: a new
@@ -334,6 +504,7 @@ mod tests {
             ipv4: true,
             ipv6: true,
         },
+        strict: None,
     };
 
     fn json(n: &Nftables) -> Value {

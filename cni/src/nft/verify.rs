@@ -2,11 +2,13 @@
 
 use std::fmt;
 
-use nftables::schema::{NfListObject, NfObject, Nftables, SetTypeValue};
+use nftables::schema::{Chain, NfListObject, NfObject, Nftables, Set, SetTypeValue};
 use nftables::types::NfFamily;
 use serde_json::Value;
 
-use super::ruleset::{CHAIN, Family, RuleKind, TABLE, TableSpec, chain, set};
+use super::ruleset::{
+    CHAIN, Family, RuleKind, STRICT_CHAIN, TABLE, TableSpec, chain, hosts_set, set, strict_chain,
+};
 
 /// One way the table differs from what ADD installs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,12 +17,12 @@ pub enum Drift {
     SetMissing(&'static str),
     SetChanged { name: &'static str, found: String },
     UnexpectedSet(String),
-    ChainMissing,
-    ChainChanged { found: String },
+    ChainMissing(&'static str),
+    ChainChanged { name: &'static str, found: String },
     UnexpectedChain(String),
     RuleMissing(String),
     UnexpectedRule(String),
-    RulesReordered,
+    RulesReordered(&'static str),
 }
 
 impl fmt::Display for Drift {
@@ -32,16 +34,18 @@ impl fmt::Display for Drift {
                 write!(f, "set inet {TABLE} {name} has type {found}")
             }
             Drift::UnexpectedSet(name) => write!(f, "set inet {TABLE} {name} should not exist"),
-            Drift::ChainMissing => write!(f, "chain inet {TABLE} {CHAIN} is missing"),
-            Drift::ChainChanged { found } => {
-                write!(f, "chain inet {TABLE} {CHAIN} is {found}")
+            Drift::ChainMissing(name) => write!(f, "chain inet {TABLE} {name} is missing"),
+            Drift::ChainChanged { name, found } => {
+                write!(f, "chain inet {TABLE} {name} is {found}")
             }
             Drift::UnexpectedChain(name) => {
                 write!(f, "chain inet {TABLE} {name} should not exist")
             }
             Drift::RuleMissing(rule) => write!(f, "rule `{rule}` is missing"),
             Drift::UnexpectedRule(expr) => write!(f, "unexpected rule {expr}"),
-            Drift::RulesReordered => write!(f, "the rules of chain {CHAIN} are out of order"),
+            Drift::RulesReordered(chain) => {
+                write!(f, "the rules of chain {chain} are out of order")
+            }
         }
     }
 }
@@ -90,7 +94,7 @@ pub fn diff(spec: &TableSpec, listed: &Nftables) -> Vec<Drift> {
     }
     let mut drift = Vec::new();
     diff_sets(spec, &ours, &mut drift);
-    diff_chains(&ours, &mut drift);
+    diff_chains(spec, &ours, &mut drift);
     diff_rules(spec, &ours, &mut drift);
     drift
 }
@@ -107,6 +111,16 @@ fn in_our_table(object: &NfListObject) -> bool {
     family == NfFamily::INet && table == TABLE
 }
 
+/// The sets `spec` has, with their types.
+fn expected_sets(spec: &TableSpec) -> Vec<Set<'static>> {
+    spec.families
+        .iter()
+        .flat_map(|family| {
+            std::iter::once(set(family)).chain(spec.strict.as_ref().map(|_| hosts_set(family)))
+        })
+        .collect()
+}
+
 fn diff_sets(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
     let listed: Vec<_> = ours
         .iter()
@@ -115,92 +129,117 @@ fn diff_sets(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
             _ => None,
         })
         .collect();
-    for family in spec.families.iter() {
-        let name = family.set_name();
+    let expected = expected_sets(spec);
+    for want in &expected {
+        let name = set_name(want);
         match listed.iter().find(|s| s.name == name) {
             None => drift.push(Drift::SetMissing(name)),
-            Some(found) if found.set_type != set(family).set_type => {
-                drift.push(Drift::SetChanged {
-                    name,
-                    found: type_name(&found.set_type),
-                })
-            }
+            Some(found) if found.set_type != want.set_type => drift.push(Drift::SetChanged {
+                name,
+                found: type_name(&found.set_type),
+            }),
             Some(_) => {}
         }
     }
-    let expected: Vec<&str> = spec.families.iter().map(Family::set_name).collect();
     for found in listed {
-        if !expected.contains(&found.name.as_ref()) {
+        if !expected.iter().any(|want| want.name == found.name) {
             drift.push(Drift::UnexpectedSet(found.name.to_string()));
         }
     }
+}
+
+/// A set's name as the `'static` str it was built from.
+fn set_name(set: &Set<'static>) -> &'static str {
+    [Family::V4, Family::V6]
+        .into_iter()
+        .flat_map(|f| [f.set_name(), f.hosts_set_name()])
+        .find(|name| *name == set.name)
+        .unwrap_or("?")
 }
 
 fn type_name(value: &SetTypeValue) -> String {
     serde_json::to_string(value).unwrap_or_else(|e| format!("<{e}>"))
 }
 
-fn diff_chains(ours: &[&NfListObject], drift: &mut Vec<Drift>) {
-    let mut seen = false;
-    for object in ours {
-        let NfListObject::Chain(found) = object else {
-            continue;
-        };
-        if found.name != CHAIN {
-            drift.push(Drift::UnexpectedChain(found.name.to_string()));
-            continue;
-        }
-        seen = true;
-        let want = chain();
-        if (found._type, found.hook, found.prio, found.policy)
-            != (want._type, want.hook, want.prio, want.policy)
-        {
-            drift.push(Drift::ChainChanged {
-                found: format!(
-                    "type {:?} hook {:?} priority {:?} policy {:?}",
-                    found._type, found.hook, found.prio, found.policy
-                ),
-            });
+/// The chains `spec` has: the output chain, and strict mode's.
+fn expected_chains(spec: &TableSpec) -> Vec<(&'static str, Chain<'static>)> {
+    std::iter::once((CHAIN, chain()))
+        .chain(spec.strict.as_ref().map(|_| (STRICT_CHAIN, strict_chain())))
+        .collect()
+}
+
+fn diff_chains(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
+    let expected = expected_chains(spec);
+    let listed: Vec<_> = ours
+        .iter()
+        .filter_map(|o| match o {
+            NfListObject::Chain(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    for (name, want) in &expected {
+        match listed.iter().find(|c| c.name == *name) {
+            None => drift.push(Drift::ChainMissing(name)),
+            Some(found)
+                if (found._type, found.hook, found.prio, found.policy)
+                    != (want._type, want.hook, want.prio, want.policy) =>
+            {
+                drift.push(Drift::ChainChanged {
+                    name,
+                    found: format!(
+                        "type {:?} hook {:?} priority {:?} policy {:?}",
+                        found._type, found.hook, found.prio, found.policy
+                    ),
+                })
+            }
+            Some(_) => {}
         }
     }
-    if !seen {
-        drift.push(Drift::ChainMissing);
+    for found in listed {
+        if !expected.iter().any(|(name, _)| *name == found.name) {
+            drift.push(Drift::UnexpectedChain(found.name.to_string()));
+        }
     }
 }
 
 fn diff_rules(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
-    let found: Vec<_> = ours
-        .iter()
-        .filter_map(|o| match o {
-            NfListObject::Rule(r) if r.chain == CHAIN => Some(&r.expr),
-            _ => None,
-        })
-        .collect();
-    let expected: Vec<(RuleKind, _)> = RuleKind::all(spec)
-        .into_iter()
-        .map(|kind| (kind, kind.statements(spec)))
-        .collect();
-    let mut complete = true;
-    for (kind, statements) in &expected {
-        if !found.iter().any(|f| f.as_ref() == statements.as_slice()) {
-            complete = false;
-            drift.push(Drift::RuleMissing(kind.describe(spec)));
+    for (chain, kinds) in [
+        (CHAIN, RuleKind::all(spec)),
+        (STRICT_CHAIN, RuleKind::strict(spec)),
+    ] {
+        let found: Vec<_> = ours
+            .iter()
+            .filter_map(|o| match o {
+                NfListObject::Rule(r) if r.chain == chain => Some(&r.expr),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<(RuleKind, _)> = kinds
+            .into_iter()
+            .map(|kind| (kind, kind.statements(spec)))
+            .collect();
+        let mut complete = true;
+        for (kind, statements) in &expected {
+            if !found.iter().any(|f| f.as_ref() == statements.as_slice()) {
+                complete = false;
+                drift.push(Drift::RuleMissing(kind.describe(spec)));
+            }
         }
-    }
-    for f in &found {
-        if !expected.iter().any(|(_, s)| f.as_ref() == s.as_slice()) {
-            complete = false;
-            drift.push(Drift::UnexpectedRule(
-                serde_json::to_string(f.as_ref()).unwrap_or_else(|e| format!("<{e}>")),
-            ));
+        for f in &found {
+            if !expected.iter().any(|(_, s)| f.as_ref() == s.as_slice()) {
+                complete = false;
+                drift.push(Drift::UnexpectedRule(
+                    serde_json::to_string(f.as_ref()).unwrap_or_else(|e| format!("<{e}>")),
+                ));
+            }
         }
-    }
-    let in_order = found
-        .iter()
-        .map(|f| f.as_ref())
-        .eq(expected.iter().map(|(_, s)| s.as_slice()));
-    if complete && !in_order {
-        drift.push(Drift::RulesReordered);
+        let in_order = found
+            .iter()
+            .map(|f| f.as_ref())
+            .eq(expected.iter().map(|(_, s)| s.as_slice()));
+        if complete && !in_order {
+            drift.push(Drift::RulesReordered(chain));
+        }
     }
 }
 
@@ -217,6 +256,7 @@ mod tests {
             ipv4: true,
             ipv6: true,
         },
+        strict: None,
     };
 
     /// What `nft -j list ruleset` shows after the install batch: its `add` objects, listed.
@@ -284,7 +324,7 @@ mod tests {
         ]});
         let ours = our_objects(&listing).unwrap();
         assert_eq!(ours.objects.len(), 1);
-        assert!(diff(&SPEC, &ours).contains(&Drift::ChainMissing));
+        assert!(diff(&SPEC, &ours).contains(&Drift::ChainMissing(CHAIN)));
         assert_eq!(
             our_objects(&serde_json::json!("nonsense"))
                 .unwrap()
@@ -314,7 +354,7 @@ mod tests {
             .collect();
         let drift = diff(&SPEC, &nft(objects));
         assert!(drift.contains(&Drift::SetMissing("capture6")), "{drift:?}");
-        assert!(drift.contains(&Drift::ChainMissing), "{drift:?}");
+        assert!(drift.contains(&Drift::ChainMissing(CHAIN)), "{drift:?}");
     }
 
     #[test]
@@ -344,7 +384,7 @@ mod tests {
             .position(|o| matches!(o, NfObject::ListObject(NfListObject::Rule(_))))
             .unwrap();
         objects.swap(first_rule, first_rule + 1);
-        assert_eq!(diff(&SPEC, &nft(objects)), [Drift::RulesReordered]);
+        assert_eq!(diff(&SPEC, &nft(objects)), [Drift::RulesReordered(CHAIN)]);
     }
 
     #[test]
@@ -371,9 +411,9 @@ mod tests {
             "{drift:?}"
         );
         assert!(
-            drift
-                .iter()
-                .any(|d| matches!(d, Drift::ChainChanged { found } if found.contains("Some(0)"))),
+            drift.iter().any(
+                |d| matches!(d, Drift::ChainChanged { found, .. } if found.contains("Some(0)"))
+            ),
             "{drift:?}"
         );
     }

@@ -3,7 +3,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::cni_io::{Attachment, CniError, ErrorCode, NetConf};
-use crate::nft::{self, Families, TableSpec};
+use crate::nft::{self, Families, Strict, TableSpec};
 use crate::protocol::{Client, DEFAULT_TIMEOUT, Decision, PodRef, Request, Response};
 
 use super::prev_result::pod_ips;
@@ -58,6 +58,10 @@ pub fn add(
     let spec = TableSpec {
         capture_port: plan.capture_port,
         families: Families::for_pod(&ips),
+        strict: plan.strict.map(|s| Strict {
+            inbound_port: s.inbound_port,
+            hosts: s.hosts,
+        }),
     };
     let nft = conf.plugin.nft();
     if let Err(e) = nft::install(&nft, netns, &spec, &plan.targets) {

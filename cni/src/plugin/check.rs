@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use crate::cni_io::{Attachment, CniError, ErrorCode, NetConf};
-use crate::nft::{self, Families, TableSpec};
+use crate::nft::{self, Families, Strict, TableSpec};
 use crate::protocol::{CheckStatus, Client, DEFAULT_TIMEOUT, Request, Response};
 
 use super::prev_result::pod_ips;
@@ -32,17 +32,23 @@ pub fn check(
             other => Err(conn.unexpected("check", other)),
         }
     });
-    let (registered, capture_port) = match asked {
+    let (registered, capture_port, strict_inbound_port) = match asked {
         Ok(CheckStatus::Unmeshed { .. }) => return Ok(()),
         Ok(CheckStatus::Meshed {
             registered,
             capture_port,
-        }) => (registered, capture_port),
+            strict_inbound_port,
+        }) => (registered, capture_port, strict_inbound_port),
         Err(proxy) => return without_proxy(&conf.plugin, &pod, &proxy).map(drop),
     };
+    // The host addresses are set elements, which CHECK does not compare.
     let spec = TableSpec {
         capture_port,
         families: Families::for_pod(&ips),
+        strict: strict_inbound_port.map(|inbound_port| Strict {
+            inbound_port,
+            hosts: Vec::new(),
+        }),
     };
     let drift = nft::verify(&conf.plugin.nft(), netns, &spec).map_err(|e| {
         CniError::new(

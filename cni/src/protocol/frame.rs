@@ -183,14 +183,25 @@ mod tests {
             }),
             Response::Decision(Decision::Meshed(CapturePlan {
                 capture_port: 15001,
-                targets,
+                targets: targets.clone(),
                 generation: 3,
+                strict: None,
+            })),
+            Response::Decision(Decision::Meshed(CapturePlan {
+                capture_port: 15001,
+                targets,
+                generation: 4,
+                strict: Some(super::super::StrictPlan {
+                    inbound_port: 15008,
+                    hosts: vec!["10.0.0.1".parse().unwrap()],
+                }),
             })),
             Response::Registered,
             Response::Unregistered { known: false },
             Response::Checked(CheckStatus::Meshed {
                 registered: true,
                 capture_port: 15001,
+                strict_inbound_port: Some(15008),
             }),
             Response::Checked(CheckStatus::Unmeshed { reason: "x".into() }),
             Response::Collected {
@@ -239,6 +250,7 @@ mod tests {
                 capture_port: 15001,
                 targets: vec!["[fd00::1]:80".parse().unwrap()],
                 generation: 1,
+                strict: None,
             },
         ))));
         assert_eq!(

@@ -86,13 +86,34 @@ pub struct CapturePlan {
     pub targets: Vec<SocketAddr>,
     /// Changes whenever `targets` does.
     pub generation: u64,
+    /// Strict mTLS mode (the pod's namespace is labelled `aether.io/mtls=strict`): plaintext
+    /// TCP from other hosts is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<StrictPlan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StrictPlan {
+    /// The proxy's inbound mTLS port: the only one other hosts may open connections to.
+    pub inbound_port: u16,
+    /// The node's own addresses, which may still connect in plaintext (kubelet probes).
+    pub hosts: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum CheckStatus {
-    Unmeshed { reason: String },
-    Meshed { registered: bool, capture_port: u16 },
+    Unmeshed {
+        reason: String,
+    },
+    Meshed {
+        registered: bool,
+        capture_port: u16,
+        /// The inbound port, when the pod's table is in strict mode.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strict_inbound_port: Option<u16>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,6 +19,7 @@ pub use frame::{
 };
 pub use messages::{
     CapturePlan, CheckStatus, Decision, ErrorKind, ErrorReply, PodRef, Request, Response,
+    StrictPlan,
 };
 
 use std::time::Duration;

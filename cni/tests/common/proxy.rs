@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use aether_cni::protocol::{
     CapturePlan, CheckStatus, Decision, ErrorKind, ErrorReply, PodRef, Request, Response,
-    handle_frame, read_frame,
+    StrictPlan, handle_frame, read_frame,
 };
 
 use super::TempDir;
@@ -23,6 +23,8 @@ pub struct ProxyState {
     pub capture_port: u16,
     pub targets: Vec<SocketAddr>,
     pub generation: u64,
+    /// Strict mTLS mode for every meshed pod.
+    pub strict: Option<StrictPlan>,
     pub refuse_register: bool,
     /// Registered pods by container id.
     pub registered: BTreeMap<String, (PodRef, PathBuf)>,
@@ -40,6 +42,7 @@ impl ProxyState {
                         capture_port: self.capture_port,
                         targets: self.targets.clone(),
                         generation: self.generation,
+                        strict: self.strict.clone(),
                     }))
                 } else {
                     Response::Decision(Decision::Unmeshed {
@@ -70,6 +73,7 @@ impl ProxyState {
                     Response::Checked(CheckStatus::Meshed {
                         registered: self.registered.contains_key(&container_id),
                         capture_port: self.capture_port,
+                        strict_inbound_port: self.strict.as_ref().map(|s| s.inbound_port),
                     })
                 } else {
                     Response::Checked(CheckStatus::Unmeshed {

@@ -1,8 +1,10 @@
 //! HTTP plumbing shared by both directions: the body type, answers the proxy makes itself,
-//! hop-by-hop headers, and the internal header between the two proxies of a mesh hop.
+//! hop-by-hop headers, a route's edits of the request head, and the internal header between
+//! the two proxies of a mesh hop.
 
 use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ::http::{Response, StatusCode, Uri, Version};
+use aether_routing::Forward;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -110,6 +112,31 @@ pub fn parse_forward(value: &HeaderValue) -> Option<(u16, bool)> {
         "h1" => Some((port, false)),
         "h2" => Some((port, true)),
         _ => None,
+    }
+}
+
+/// Applies what a route decided to the request head: header edits, the rewritten
+/// `path?query`, the rewritten Host (and the URI's authority, when it has one).
+pub fn rewrite_request(parts: &mut ::http::request::Parts, forward: &Forward<'_>) {
+    forward.edit_request_headers(&mut parts.headers);
+    if let Some(pq) = &forward.path_and_query {
+        let mut uri = parts.uri.clone().into_parts();
+        uri.path_and_query = pq.parse().ok();
+        if let Ok(uri) = ::http::Uri::from_parts(uri) {
+            parts.uri = uri;
+        }
+    }
+    if let Some(host) = forward.authority
+        && let Ok(value) = HeaderValue::from_str(host)
+    {
+        parts.headers.insert(header::HOST, value);
+        if parts.uri.authority().is_some() {
+            let mut uri = parts.uri.clone().into_parts();
+            uri.authority = host.parse().ok();
+            if let Ok(uri) = ::http::Uri::from_parts(uri) {
+                parts.uri = uri;
+            }
+        }
     }
 }
 

@@ -250,26 +250,7 @@ impl Connection {
             ),
             Outcome::Forward(forward) => {
                 let route = route_name(forward.rule);
-                forward.edit_request_headers(&mut parts.headers);
-                if let Some(pq) = &forward.path_and_query {
-                    let mut uri = parts.uri.clone().into_parts();
-                    uri.path_and_query = pq.parse().ok();
-                    if let Ok(uri) = ::http::Uri::from_parts(uri) {
-                        parts.uri = uri;
-                    }
-                }
-                if let Some(host) = forward.authority
-                    && let Ok(value) = HeaderValue::from_str(host)
-                {
-                    parts.headers.insert(header::HOST, value);
-                    if parts.uri.authority().is_some() {
-                        let mut uri = parts.uri.clone().into_parts();
-                        uri.authority = host.parse().ok();
-                        if let Ok(uri) = ::http::Uri::from_parts(uri) {
-                            parts.uri = uri;
-                        }
-                    }
-                }
+                h::rewrite_request(&mut parts, &forward);
                 let timeouts = forward.timeouts();
                 let timeout = [timeouts.request_ms, timeouts.backend_request_ms]
                     .into_iter()

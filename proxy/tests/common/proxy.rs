@@ -65,6 +65,7 @@ impl TestProxy {
             state_dir: dir.join("state"),
             capture_port: CAPTURE_PORT,
             inbound_port: None,
+            hosts: Vec::new(),
             nft: Nft::default(),
         };
         let agent = Arc::new(

@@ -8,6 +8,7 @@
 
 pub mod cases;
 pub mod mesh;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -17,12 +17,14 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use aether_crds::well_known::{AGENT_NOT_READY_TAINT, MTLS_LABEL, MTLS_STRICT};
 use aether_e2e::cases::{Case, Cases, Test, deployment_of};
 use aether_e2e::mesh::{
     Accounts, CONSISTENCY_TIMEOUT, CONSUMER_NS, MESH_NS, PROXY_PODS, TRUST_DOMAIN, client,
     client_pod, install, mesh_workloads, uninstall, unmesh_workloads, wait_accepted,
     wait_nodes_applied, wait_pods,
 };
+use aether_e2e::stream::apply_split;
 use aether_e2e::{Cluster, conformance_dir};
 use aether_echo::report::Exchange;
 use anyhow::{Context, Result, bail};
@@ -67,6 +69,7 @@ async fn aether_passes_every_gamma_mesh_test_end_to_end() -> Result<()> {
     mesh_workloads(&cluster, Accounts::PerVersion).await?;
     let per_version = run_suite(&cluster, &cases, Accounts::PerVersion).await?;
     refuses_an_identity_outside_the_allowed_set(&cluster).await?;
+    strict_mode_refuses_plaintext(&cluster).await?;
 
     let report = conformance_report(&cases, &upstream, &per_version);
     let path = cluster.paths.repo.join("tests/conformance-report.yaml");
@@ -397,27 +400,7 @@ async fn run_weighted(
 /// would have reached the Service through kube-proxy. Restarted proxies reopen the listeners
 /// of every registered pod, and requests work again.
 async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
-    let split = conformance_dir().join("manifests/mesh-split.yaml");
-    cluster.apply(&split)?;
-    let test = Test {
-        short_name: "capture proof".into(),
-        description: String::new(),
-        features: vec![],
-        provisional: false,
-        profile_membership: BTreeMap::new(),
-        manifests: vec!["mesh-split.yaml".into()],
-        routes: vec![aether_e2e::cases::RouteRef {
-            kind: "HTTPRoute".into(),
-            name: "mesh-split".into(),
-            namespace: MESH_NS.into(),
-            parent_ref: None,
-        }],
-        client: None,
-        cases: vec![],
-        weighted: None,
-    };
-    wait_accepted(cluster, &test.routes).await?;
-    wait_nodes_applied(cluster).await?;
+    let split = apply_split(cluster).await?;
     let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
     let v1 = vec!["http://echo/v1".to_string()];
     let served = client(cluster, &pod, &v1).await?;
@@ -437,6 +420,20 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
         bail!("with no proxy running, a route-target request still got an answer: {failed:?}");
     }
     eprintln!("with the proxies stopped, a route-target request fails closed");
+    // Nodes come up tainted until their proxy can capture pods; the restarted proxies
+    // remove the taint.
+    let taint = format!("{AGENT_NOT_READY_TAINT}=true:NoSchedule");
+    let nodes = || -> Result<Vec<String>> {
+        Ok(cluster
+            .kubectl(&["get", "nodes", "-o", "name"])?
+            .lines()
+            .filter(|n| n.starts_with("node/node-"))
+            .map(str::to_owned)
+            .collect())
+    };
+    for node in nodes()? {
+        cluster.kubectl(&["taint", &node, &taint, "--overwrite"])?;
+    }
 
     let unpark = json!([{"op": "remove", "path": "/spec/template/spec/nodeSelector/aether.io~1test-parked"}]);
     cluster.patch("aether-system", "daemonset/aether-proxy", "json", &unpark)?;
@@ -456,6 +453,27 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
         tokio::time::sleep(FAILURE_DELAY).await;
     }
     eprintln!("restarted proxies reopened the listeners of the registered pods");
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let taints = cluster.kubectl(&[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}: {.spec.taints[*].key}{'\\n'}{end}",
+        ])?;
+        let tainted: Vec<&str> = taints
+            .lines()
+            .filter(|l| l.contains(AGENT_NOT_READY_TAINT))
+            .collect();
+        if tainted.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("restarted proxies left the {AGENT_NOT_READY_TAINT} taint: {tainted:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    eprintln!("restarted proxies removed the {AGENT_NOT_READY_TAINT} taint from their nodes");
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
     wait_nodes_applied(cluster).await?;
     Ok(())
@@ -533,6 +551,72 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
         bail!("after the repair, echo-v2 is not reachable: {served:?}");
     }
     eprintln!("a deleted pod table and a dropped CNI entry were repaired, with an Event");
+    Ok(())
+}
+
+/// The status a request to `url` from `from` was answered with; `None` when it got no answer
+/// (a refused connection is reported as a failed exchange, or as no output at all).
+async fn answered(cluster: &Cluster, from: &Pod, url: &str) -> Option<u16> {
+    let exchanges = client(cluster, from, &[url.to_string()]).await;
+    exchanges
+        .ok()
+        .and_then(|e| e.first().and_then(|x| x.status))
+}
+
+/// Waits until a request to `url` is answered (`Some(status)`) or refused (`None`).
+async fn wait_answer(cluster: &Cluster, from: &Pod, url: &str, want: Option<u16>) -> Result<()> {
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let got = answered(cluster, from, url).await;
+        if got == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{url}: expected {want:?}, still {got:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+}
+
+fn pod_ip(pod: &Pod) -> Result<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .with_context(|| format!("pod {:?} has no IP", pod.metadata.name))
+}
+
+/// Strict mTLS mode: with the namespace labelled `aether.io/mtls=strict`, plaintext to a
+/// meshed pod's IP is refused, for the pods running then (the proxies change their tables)
+/// and for a pod created then (the CNI plugin installs it strict), while requests through a
+/// route target still arrive over mTLS; removing the label lets plaintext in again.
+async fn strict_mode_refuses_plaintext(cluster: &Cluster) -> Result<()> {
+    let split = apply_split(cluster).await?;
+    let from = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
+    let server = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let plaintext = format!("http://{}:8080/", pod_ip(&server)?);
+    wait_answer(cluster, &from, &plaintext, Some(200)).await?;
+
+    let label = format!("{MTLS_LABEL}={MTLS_STRICT}");
+    cluster.kubectl(&["label", "namespace", MESH_NS, &label, "--overwrite"])?;
+    wait_answer(cluster, &from, &plaintext, None).await?;
+    wait_answer(cluster, &from, "http://echo/v1", Some(200)).await?;
+    eprintln!("strict mode: plaintext into a running meshed pod is refused, mTLS gets through");
+
+    cluster.kubectl(&["-n", MESH_NS, "rollout", "restart", "deployment/echo-v1"])?;
+    cluster.rollout_status(MESH_NS, "deployment/echo-v1")?;
+    let new = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let new_plaintext = format!("http://{}:8080/", pod_ip(&new)?);
+    if let Some(status) = answered(cluster, &from, &new_plaintext).await {
+        bail!("a pod created in strict mode answered plaintext with {status}");
+    }
+    wait_answer(cluster, &from, "http://echo/v1", Some(200)).await?;
+    eprintln!("strict mode: a pod created in it refuses plaintext from its first packet");
+
+    cluster.kubectl(&["label", "namespace", MESH_NS, &format!("{MTLS_LABEL}-")])?;
+    wait_answer(cluster, &from, &new_plaintext, Some(200)).await?;
+    eprintln!("strict mode off: plaintext is let in again");
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    wait_nodes_applied(cluster).await?;
     Ok(())
 }
 
