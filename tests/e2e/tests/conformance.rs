@@ -423,16 +423,11 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
     // Nodes come up tainted until their proxy can capture pods; the restarted proxies
     // remove the taint.
     let taint = format!("{AGENT_NOT_READY_TAINT}=true:NoSchedule");
-    let nodes = || -> Result<Vec<String>> {
-        Ok(cluster
-            .kubectl(&["get", "nodes", "-o", "name"])?
-            .lines()
-            .filter(|n| n.starts_with("node/node-"))
-            .map(str::to_owned)
-            .collect())
-    };
-    for node in nodes()? {
-        cluster.kubectl(&["taint", &node, &taint, "--overwrite"])?;
+    let nodes = cluster.kubectl(&["get", "nodes", "-o", "name"])?;
+    for node in nodes.lines().filter_map(|n| n.strip_prefix("node/")) {
+        if node.starts_with("node-") {
+            cluster.kubectl(&["taint", "nodes", node, &taint, "--overwrite"])?;
+        }
     }
 
     let unpark = json!([{"op": "remove", "path": "/spec/template/spec/nodeSelector/aether.io~1test-parked"}]);
