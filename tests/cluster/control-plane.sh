@@ -174,7 +174,9 @@ wait_for() {
     local deadline=$((SECONDS + READY_TIMEOUT)) name
     until "$@" >/dev/null 2>&1; do
         for name in "${COMPONENTS[@]}"; do
-            if [ -f "$RUN/$name.pid" ] && ! pid_of "$name" >/dev/null; then
+            # `alive`, not `pid_of`: a component started a moment ago may still be the
+            # subshell about to exec it, whose executable is the shell's.
+            if [ -f "$RUN/$name.pid" ] && ! alive "$(cat "$RUN/$name.pid")"; then
                 log "$name exited; last lines of $AETHER_LOGS/$name.log:"
                 tail -n 30 "$AETHER_LOGS/$name.log" >&2
                 exit 1

@@ -98,6 +98,10 @@ async fn connect(netns: &Path, to: SocketAddr) -> Result<TcpStream, NetnsError> 
     Ok(stream)
 }
 
+/// Whether a connection was made for this request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fresh(pub bool);
+
 /// A pooled HTTP/2 connection over mTLS to another proxy, and who it proved to be.
 #[derive(Clone)]
 pub struct MeshConn {
@@ -157,22 +161,24 @@ impl PodClients {
     }
 
     /// A mesh connection from `source`'s pods to `to`, reused while it lives.
+    /// The pooled connection for `source` to `to`, or a new one; `Fresh` tells a new
+    /// connection (a TLS handshake happened) from a reused one.
     pub async fn mesh(
         &self,
         source: &ServiceAccount,
         config: Arc<ClientConfig>,
         trust: &TrustStore,
         to: SocketAddr,
-    ) -> Result<MeshConn, ClientError> {
+    ) -> Result<(MeshConn, Fresh), ClientError> {
         let key = (source.clone(), to);
         if let Some(conn) = self.mesh.lock().await.get(&key)
             && !conn.send.is_closed()
         {
-            return Ok(conn.clone());
+            return Ok((conn.clone(), Fresh(false)));
         }
         let conn = self.connect_mesh(config, trust, to).await?;
         self.mesh.lock().await.insert(key, conn.clone());
-        Ok(conn)
+        Ok((conn, Fresh(true)))
     }
 
     async fn connect_mesh(

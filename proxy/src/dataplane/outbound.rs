@@ -442,8 +442,11 @@ impl Connection {
             )
             .await
         {
-            Ok(conn) => {
-                mesh.metrics.handshake("client", true);
+            Ok((conn, fresh)) => {
+                // Only a new connection had a handshake; most requests reuse one.
+                if fresh.0 {
+                    mesh.metrics.handshake("client", true);
+                }
                 conn
             }
             Err(e) => {
