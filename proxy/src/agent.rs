@@ -439,11 +439,10 @@ impl Agent {
 
     /// Brings every registered pod's table to its namespace's mTLS mode: a namespace labelled
     /// (or no longer labelled) `aether.io/mtls=strict` gets its pods' tables reinstalled with
-    /// (or without) strict mode's chain. Returns the pods whose mode changed.
-    pub fn sync_modes(&self) -> Vec<PodRef> {
+    /// (or without) strict mode's chain.
+    pub fn sync_modes(&self) {
         let mut state = self.lock();
         let mut next = state.registry.clone();
-        let mut changed = Vec::new();
         for pod in state.registry.pods() {
             let want = self.strict_port(&pod.pod);
             if want == pod.strict_inbound_port || !pod.netns.exists() {
@@ -460,7 +459,6 @@ impl Agent {
                 Ok(()) => {
                     info!(pod = %pod.pod, strict = want.is_some(), "changed the pod's mTLS mode");
                     next.insert(updated);
-                    changed.push(pod.pod.clone());
                 }
                 Err(e) => {
                     warn!(pod = %pod.pod, error = %e, "cannot change the pod's mTLS mode; retrying")
@@ -473,7 +471,6 @@ impl Agent {
             error!(error = %e, "cannot save the pod registry after an mTLS mode change");
         }
         state.registry = next;
-        changed
     }
 
     /// The inbound port, when the pod's namespace is in strict mode and the proxy has a mesh
