@@ -174,10 +174,7 @@ async fn resolve_placeholders(cluster: &Cluster, text: &str) -> Result<String> {
         let placeholder = format!("<echo-{version}-pod-ip>");
         if out.contains(&placeholder) {
             let pod = client_pod(cluster, MESH_NS, &format!("app=echo,version={version}")).await?;
-            let ip = pod
-                .status
-                .and_then(|s| s.pod_ip)
-                .context("pod without IP")?;
+            let ip = pod_ip(&pod)?;
             let ip = if ip.contains(':') {
                 format!("[{ip}]")
             } else {
@@ -621,11 +618,7 @@ async fn strict_mode_refuses_plaintext(cluster: &Cluster) -> Result<()> {
 /// with a 503 naming the identity; the others reach echo-v1; none reaches echo-v2.
 async fn refuses_an_identity_outside_the_allowed_set(cluster: &Cluster) -> Result<()> {
     let v2 = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
-    let v2_ip = v2
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .context("echo-v2 without IP")?;
+    let v2_ip = pod_ip(&v2)?;
     let manifests = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: impostor, namespace: {MESH_NS}}}\n\
          spec:\n  selector: {{app: echo, version: v1}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n\
