@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aether_routing::{Compiled, ParentRef, RouteSource, compile};
+use aether_routing::{Compiled, RouteSource, compile};
 
 use crate::index::{Index, Key, key};
 
@@ -18,17 +18,6 @@ pub struct Target {
     pub hand_written: bool,
 }
 
-/// The Service a parentRef names, if it is a core `Service` parentRef.
-fn parent_service(parent: &ParentRef, route_namespace: &str) -> Option<Key> {
-    let core = matches!(parent.group.as_deref(), Some("") | Some("core"));
-    (core && parent.kind.as_deref() == Some("Service")).then(|| {
-        key(
-            parent.namespace.as_deref().unwrap_or(route_namespace),
-            &parent.name,
-        )
-    })
-}
-
 /// Compiles every route target: each Service named as a core `Service` parentRef by any
 /// route, and each Service of a hand-written RouteTarget.
 pub fn compile_all(index: &Index) -> BTreeMap<Key, Target> {
@@ -37,7 +26,8 @@ pub fn compile_all(index: &Index) -> BTreeMap<Key, Target> {
         let named: BTreeSet<Key> = route
             .parents
             .iter()
-            .filter_map(|p| parent_service(p, &route.route.namespace))
+            .filter_map(|p| p.service(&route.route.namespace))
+            .map(|(ns, name)| key(ns, name))
             .collect();
         for target in named {
             sources.entry(target).or_default().0.push(route.clone());

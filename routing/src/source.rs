@@ -51,14 +51,23 @@ pub struct ParentRef {
 }
 
 impl ParentRef {
-    /// Whether this parentRef names the Service `namespace/name`; `route_namespace` is the
-    /// default namespace. The Gateway API defaults are group `gateway.networking.k8s.io`
-    /// and kind `Gateway`, so a Service parent must say `group: ""` and `kind: Service`.
-    pub fn is_service(&self, route_namespace: &str, namespace: &str, name: &str) -> bool {
+    /// The Service this parentRef names, `(namespace, name)`, if it names one;
+    /// `route_namespace` is the default namespace. The Gateway API defaults are group
+    /// `gateway.networking.k8s.io` and kind `Gateway`, so a Service parent must say
+    /// `group: ""` and `kind: Service`.
+    pub fn service<'a>(&'a self, route_namespace: &'a str) -> Option<(&'a str, &'a str)> {
         let core = matches!(self.group.as_deref(), Some("") | Some("core"));
-        core && self.kind.as_deref() == Some("Service")
-            && self.name == name
-            && self.namespace.as_deref().unwrap_or(route_namespace) == namespace
+        (core && self.kind.as_deref() == Some("Service")).then(|| {
+            (
+                self.namespace.as_deref().unwrap_or(route_namespace),
+                self.name.as_str(),
+            )
+        })
+    }
+
+    /// Whether this parentRef names the Service `namespace/name`.
+    pub fn is_service(&self, route_namespace: &str, namespace: &str, name: &str) -> bool {
+        self.service(route_namespace) == Some((namespace, name))
     }
 }
 
