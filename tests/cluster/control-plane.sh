@@ -190,6 +190,15 @@ wait_for() {
     done
 }
 
+# leading NAME: NAME's lease was renewed in the last 15 s, so a controller is
+# leading now (a lease left by a controller that has exited, e.g. after an API
+# server outage, is older).
+leading() {
+    local renewed
+    renewed="$(kubectl -n kube-system get lease "$1" -o 'jsonpath={.spec.renewTime}')" || return 1
+    [ -n "$renewed" ] && [ $(($(date +%s) - $(date -d "$renewed" +%s))) -lt 15 ]
+}
+
 # ---------------------------------------------------------------- commands
 
 cmd_up() {
@@ -206,10 +215,10 @@ cmd_up() {
     wait_for "the API server's /readyz" kubectl get --raw /readyz
     start kube-controller-manager
     start kube-scheduler
-    # The leases show both controllers connected and leading; the ServiceAccount
-    # shows the controllers (and token minting) at work.
-    wait_for "kube-controller-manager's lease" kubectl -n kube-system get lease kube-controller-manager
-    wait_for "kube-scheduler's lease" kubectl -n kube-system get lease kube-scheduler
+    # Freshly renewed leases show both controllers connected and leading; the
+    # ServiceAccount shows the controllers (and token minting) at work.
+    wait_for "kube-controller-manager to lead" leading kube-controller-manager
+    wait_for "kube-scheduler to lead" leading kube-scheduler
     wait_for "the default ServiceAccount" kubectl -n default get serviceaccount default
     log "ready in $((SECONDS - started))s"
     log "export KUBECONFIG=$AETHER_KUBECONFIG"
