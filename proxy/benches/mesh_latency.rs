@@ -8,8 +8,10 @@
 //!
 //! Client `echo-v1` and server `echo-v2` run on different nodes. For each, 1,000 requests/s for
 //! a few seconds (latency p50/p99, measured from each request's send to its response's end),
-//! then saturation (16 keep-alive connections in a closed loop: requests/s). Also the node
-//! proxy's RSS per captured pod. Prints a table; medians over the run, on a noisy machine.
+//! then saturation (16 keep-alive connections in a closed loop: requests/s, and the CPU time the
+//! two proxies spent per request). The three paths take turns for a few rounds, so that the
+//! machine's noise hits them alike; the table shows each figure's median over the rounds. Also
+//! the node proxy's RSS per captured pod.
 //!
 //! `cargo bench -p aether-proxy --bench mesh_latency` (root; installs nginx-light with apt if
 //! it is missing, and aether with helm; leaves the cluster as it found it).
@@ -39,6 +41,7 @@ const RATE: u64 = 1_000;
 const RATE_SECONDS: u64 = 5;
 const SATURATION_CONNECTIONS: usize = 16;
 const SATURATION_SECONDS: u64 = 5;
+const ROUNDS: usize = 3;
 const EXTRA_PODS: usize = 20;
 const NGINX_CLIENT_PORT: u16 = 18080;
 const NGINX_SERVER_PORT: u16 = 18443;
@@ -49,6 +52,8 @@ struct Figures {
     p99: Duration,
     errors: usize,
     saturation_rps: f64,
+    /// CPU time of the path's proxy processes per request at saturation.
+    proxy_cpu: Duration,
 }
 
 fn main() -> Result<()> {
@@ -92,21 +97,37 @@ async fn run() -> Result<()> {
     let server_netns = Cluster::netns(&server);
     let nginx = NginxPair::start(&client_netns, &server_netns, &server_ip)?;
 
-    let targets = [
-        ("direct", format!("{server_ip}:8080")),
-        ("aether", format!("{cluster_ip}:80")),
-        ("nginx pair", format!("127.0.0.1:{NGINX_CLIENT_PORT}")),
+    let proxies = [
+        node_proxy(&cluster, &client)?,
+        node_proxy(&cluster, &server)?,
     ];
-    let mut results = Vec::new();
-    for (name, addr) in &targets {
-        let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
-        let figures = measure_in(&client_netns, addr).map_err(|e| match *name {
-            "nginx pair" => e.context(nginx.logs()),
-            _ => e,
-        })?;
-        eprintln!("{name}: {figures:?}");
-        results.push((*name, figures));
+    let targets = [
+        ("direct", format!("{server_ip}:8080"), Vec::new()),
+        ("aether", format!("{cluster_ip}:80"), proxies.to_vec()),
+        (
+            "nginx pair",
+            format!("127.0.0.1:{NGINX_CLIENT_PORT}"),
+            nginx.pids(),
+        ),
+    ];
+    let mut rounds: Vec<Vec<Figures>> = targets.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ROUNDS {
+        for ((name, addr, pids), figures) in targets.iter().zip(&mut rounds) {
+            let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
+            let measured =
+                measure_in(&client_netns, addr, pids.clone()).map_err(|e| match *name {
+                    "nginx pair" => e.context(nginx.logs()),
+                    _ => e,
+                })?;
+            eprintln!("round {round}, {name}: {measured:?}");
+            figures.push(measured);
+        }
     }
+    let results: Vec<(&str, Figures)> = targets
+        .iter()
+        .zip(&rounds)
+        .map(|((name, _, _), figures)| (*name, median(figures)))
+        .collect();
     drop(nginx);
     let rss = rss_per_pod(&cluster, &client).await?;
 
@@ -116,21 +137,22 @@ async fn run() -> Result<()> {
 
     let direct = &results[0].1;
     println!(
-        "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then {SATURATION_CONNECTIONS} connections closed-loop for {SATURATION_SECONDS} s"
+        "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then {SATURATION_CONNECTIONS} connections closed-loop for {SATURATION_SECONDS} s; medians of {ROUNDS} rounds"
     );
     println!(
-        "{:<11} {:>10} {:>10} {:>12} {:>12} {:>10} {:>8}",
-        "path", "p50", "p99", "added p50", "added p99", "sat. rps", "errors"
+        "{:<11} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14} {:>8}",
+        "path", "p50", "p99", "added p50", "added p99", "sat. rps", "proxy CPU/req", "errors"
     );
     for (name, f) in &results {
         println!(
-            "{:<11} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>8}",
+            "{:<11} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>14.1?} {:>8}",
             name,
             f.p50,
             f.p99,
             f.p50.saturating_sub(direct.p50),
             f.p99.saturating_sub(direct.p99),
             f.saturation_rps,
+            f.proxy_cpu,
             f.errors
         );
     }
@@ -167,20 +189,30 @@ fn ensure_nginx() -> Result<()> {
     Ok(())
 }
 
-/// The first echo-v1 pod and an echo-v2 pod on another node (rescheduling echo-v2 if needed).
+/// The first echo-v1 pod and an echo-v2 pod on another node: when they share one, echo-v2's
+/// pod is recreated while the client's node is cordoned.
 async fn pods_on_two_nodes(cluster: &Cluster) -> Result<(Pod, Pod)> {
-    for _ in 0..5 {
-        let client = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
-        let server = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
-        let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
-        if node(&client) != node(&server) {
-            return Ok((client, server));
-        }
+    let client = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let server = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
+    let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let client_node = node(&client).context("client pod without a node")?;
+    if node(&server).as_ref() != Some(&client_node) {
+        return Ok((client, server));
+    }
+    cluster.kubectl(&["cordon", &client_node])?;
+    let moved = async {
         let name = server.metadata.name.clone().unwrap_or_default();
         cluster.kubectl(&["-n", MESH_NS, "delete", "pod", &name, "--wait"])?;
         wait_pods(cluster, MESH_NS, "app=echo,version=v2", 1).await?;
+        client_pod(cluster, MESH_NS, "app=echo,version=v2").await
     }
-    bail!("echo-v1 and echo-v2 keep landing on the same node")
+    .await;
+    cluster.kubectl(&["uncordon", &client_node])?;
+    let server = moved?;
+    if node(&server).as_ref() == Some(&client_node) {
+        bail!("echo-v2 landed on the cordoned node {client_node}");
+    }
+    Ok((client, server))
 }
 
 fn pod_ip(pod: &Pod) -> Result<String> {
@@ -192,7 +224,7 @@ fn pod_ip(pod: &Pod) -> Result<String> {
 
 /// Runs the load inside `netns` on a thread of its own (sockets belong to the namespace of the
 /// thread that creates them), with its own single-threaded runtime.
-fn measure_in(netns: &Path, addr: SocketAddr) -> Result<Figures> {
+fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figures> {
     let ns = std::fs::File::open(netns).with_context(|| format!("{}", netns.display()))?;
     std::thread::spawn(move || -> Result<Figures> {
         nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
@@ -203,17 +235,21 @@ fn measure_in(netns: &Path, addr: SocketAddr) -> Result<Figures> {
             // Warm the path (connections, TLS, pools) before measuring.
             saturate(addr, 4, Duration::from_secs(1)).await?;
             let (latencies, errors) = fixed_rate(addr).await?;
+            let cpu_before = cpu_time(&proxies)?;
             let saturation_rps = saturate(
                 addr,
                 SATURATION_CONNECTIONS,
                 Duration::from_secs(SATURATION_SECONDS),
             )
             .await?;
+            let cpu = cpu_time(&proxies)?.saturating_sub(cpu_before);
+            let requests = saturation_rps * SATURATION_SECONDS as f64;
             Ok(Figures {
                 p50: percentile(&latencies, 0.50),
                 p99: percentile(&latencies, 0.99),
                 errors,
                 saturation_rps,
+                proxy_cpu: cpu.div_f64(requests.max(1.0)),
             })
         })
     })
@@ -315,6 +351,43 @@ async fn saturate(addr: SocketAddr, connections: usize, length: Duration) -> Res
     Ok(total as f64 / length.as_secs_f64())
 }
 
+/// User and system CPU time of the processes `pids` (all their threads), from /proc.
+fn cpu_time(pids: &[u32]) -> Result<Duration> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut total = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("/proc/{pid}/stat"))?;
+        // Fields after the command name (which may hold spaces), from the state on: utime
+        // and stime are the 12th and 13th.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        for i in [11, 12] {
+            total += fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .with_context(|| format!("no CPU times in /proc/{pid}/stat"))?;
+        }
+    }
+    Ok(Duration::from_secs_f64(total as f64 / ticks))
+}
+
+/// Each figure's median over the rounds; errors are summed.
+fn median(rounds: &[Figures]) -> Figures {
+    fn mid<T: Copy + PartialOrd>(mut values: Vec<T>) -> T {
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        values[values.len() / 2]
+    }
+    Figures {
+        p50: mid(rounds.iter().map(|f| f.p50).collect()),
+        p99: mid(rounds.iter().map(|f| f.p99).collect()),
+        errors: rounds.iter().map(|f| f.errors).sum(),
+        saturation_rps: mid(rounds.iter().map(|f| f.saturation_rps).collect()),
+        proxy_cpu: mid(rounds.iter().map(|f| f.proxy_cpu).collect()),
+    }
+}
+
 fn percentile(samples: &[Duration], q: f64) -> Duration {
     if samples.is_empty() {
         return Duration::ZERO;
@@ -377,7 +450,17 @@ async fn registered_pods(cluster: &Cluster, node: &str) -> Result<usize> {
     Ok(out.lines().filter(|l| !l.is_empty()).count())
 }
 
-fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
+/// The pid of the aether proxy on `pod`'s node.
+fn node_proxy(cluster: &Cluster, pod: &Pod) -> Result<u32> {
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("pod without node")?;
+    proxy_pid(cluster, &node)
+}
+
+fn proxy_pid(cluster: &Cluster, node: &str) -> Result<u32> {
     let name = cluster.kubectl(&[
         "-n",
         "aether-system",
@@ -399,7 +482,11 @@ fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
         "-o",
         "json",
     ])?)?;
-    let pid = cluster.container_pid(&pod, "proxy")?;
+    cluster.container_pid(&pod, "proxy")
+}
+
+fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
+    let pid = proxy_pid(cluster, node)?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
@@ -432,6 +519,10 @@ impl Drop for NginxPair {
 }
 
 impl NginxPair {
+    fn pids(&self) -> Vec<u32> {
+        self.processes.iter().map(Child::id).collect()
+    }
+
     /// Both error logs, for a failure's message.
     fn logs(&self) -> String {
         ["client", "server"]

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use tracing::debug;
 
 use super::http::Body;
 use crate::identity::ServiceAccount;
-use crate::identity::tls::{TrustStore, peer_service_account};
+use crate::identity::tls::{Certs, TrustStore, peer_service_account};
 use crate::netns::{self, NetnsError};
 
 /// Bounds connecting to a peer; past it the request fails with 503.
@@ -41,6 +41,8 @@ pub enum ClientError {
     Handshake { to: SocketAddr, reason: String },
     #[error("{to} presented no identity of the mesh")]
     NoPeerIdentity { to: SocketAddr },
+    #[error("no SVID for {0} yet")]
+    NoSvid(ServiceAccount),
     #[error("request to {to} failed: {reason}")]
     Request { to: String, reason: String },
 }
@@ -107,7 +109,7 @@ pub struct Fresh(pub bool);
 pub struct MeshConn {
     send: http2::SendRequest<Body>,
     /// The SPIFFE ID the peer proved, computed once for the connection's requests.
-    pub peer_id: String,
+    pub peer_id: Arc<str>,
 }
 
 impl MeshConn {
@@ -121,7 +123,8 @@ pub struct PodClients {
     netns: Arc<Path>,
     h1: Client<NetnsConnector, Body>,
     h2c: Client<NetnsConnector, Body>,
-    mesh: tokio::sync::Mutex<HashMap<(ServiceAccount, SocketAddr), MeshConn>>,
+    /// By local ServiceAccount, then peer: looked up without building a key per request.
+    mesh: Mutex<HashMap<ServiceAccount, HashMap<SocketAddr, MeshConn>>>,
 }
 
 impl PodClients {
@@ -139,7 +142,7 @@ impl PodClients {
             netns,
             h1,
             h2c,
-            mesh: tokio::sync::Mutex::default(),
+            mesh: Mutex::default(),
         }
     }
 
@@ -160,31 +163,46 @@ impl PodClients {
             })
     }
 
-    /// A mesh connection from `source`'s pods to `to`, reused while it lives.
-    /// The pooled connection for `source` to `to`, or a new one; `Fresh` tells a new
-    /// connection (a TLS handshake happened) from a reused one.
+    /// The pooled connection for `source`'s pods to `to`, or a new one presenting `source`'s
+    /// SVID; `Fresh` tells a new connection (a TLS handshake happened) from a reused one.
     pub async fn mesh(
         &self,
         source: &ServiceAccount,
-        config: Arc<ClientConfig>,
-        trust: &TrustStore,
+        certs: &Certs,
         to: SocketAddr,
     ) -> Result<(MeshConn, Fresh), ClientError> {
-        let key = (source.clone(), to);
-        if let Some(conn) = self.mesh.lock().await.get(&key)
-            && !conn.send.is_closed()
-        {
-            return Ok((conn.clone(), Fresh(false)));
+        if let Some(conn) = self.pooled(source, to) {
+            return Ok((conn, Fresh(false)));
         }
-        let conn = self.connect_mesh(config, trust, to).await?;
-        self.mesh.lock().await.insert(key, conn.clone());
+        if !certs.has(source) {
+            return Err(ClientError::NoSvid(source.clone()));
+        }
+        // Boxed: the handshake's large state would otherwise be part of every request's future.
+        let conn =
+            Box::pin(self.connect_mesh(certs.client_config(source), certs.trust(), to)).await?;
+        self.lock_mesh()
+            .entry(source.clone())
+            .or_default()
+            .insert(to, conn.clone());
         Ok((conn, Fresh(true)))
+    }
+
+    fn pooled(&self, source: &ServiceAccount, to: SocketAddr) -> Option<MeshConn> {
+        let pool = self.lock_mesh();
+        let conn = pool.get(source)?.get(&to)?;
+        (!conn.send.is_closed()).then(|| conn.clone())
+    }
+
+    fn lock_mesh(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ServiceAccount, HashMap<SocketAddr, MeshConn>>> {
+        self.mesh.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn connect_mesh(
         &self,
         config: Arc<ClientConfig>,
-        trust: &TrustStore,
+        trust: &Arc<TrustStore>,
         to: SocketAddr,
     ) -> Result<MeshConn, ClientError> {
         let tcp = connect(&self.netns, to)
@@ -207,7 +225,8 @@ impl PodClients {
             })?;
         let peer_id = peer_service_account(trust, tls.get_ref().1.peer_certificates())
             .ok_or(ClientError::NoPeerIdentity { to })?
-            .spiffe_id(trust.trust_domain());
+            .spiffe_id(trust.trust_domain())
+            .into();
         let (send, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30))

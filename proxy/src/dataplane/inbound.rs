@@ -13,6 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::clients::PodClients;
 use super::http::{
     self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, parse_forward,
 };
@@ -60,6 +61,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         Err(_) => return,
     };
     let app = Arc::new(App {
+        clients: plane.clients(&pod.netns),
         plane: plane.clone(),
         pod,
         identity,
@@ -80,6 +82,8 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
 struct App {
     plane: Arc<DataPlane>,
     pod: Arc<PodInfo>,
+    /// The pod's connection pools (to its apps), looked up once for the connection.
+    clients: Arc<PodClients>,
     identity: HeaderValue,
 }
 
@@ -139,8 +143,8 @@ impl App {
         } else {
             Version::HTTP_11
         };
-        let clients = self.plane.clients(&self.pod.netns);
-        match clients
+        match self
+            .clients
             .plain(Request::from_parts(parts, h::incoming(body)), http2)
             .await
         {

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ::http::header::{self, HeaderValue};
@@ -18,12 +18,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use super::clients::CONNECT_TIMEOUT;
+use super::clients::{CONNECT_TIMEOUT, ClientError, PodClients};
 use super::http::{
     self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, forward_value,
     strip_hop_by_hop,
 };
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
+use crate::identity::ServiceAccount;
 use crate::listeners::PodInfo;
 use crate::mesh::{ServiceKey, Snapshot};
 use crate::metrics::RequestLabels;
@@ -67,9 +68,11 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         Some((mesh, target)) => {
             plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             let conn = Connection {
+                clients: plane.clients(&pod.netns),
                 plane: plane.clone(),
                 mesh,
                 pod,
+                source: OnceLock::new(),
                 target,
                 port: original.port(),
             };
@@ -134,6 +137,10 @@ struct Connection {
     plane: Arc<DataPlane>,
     mesh: Arc<Mesh>,
     pod: Arc<PodInfo>,
+    /// The pod's connection pools, looked up once for the connection's requests.
+    clients: Arc<PodClients>,
+    /// The pod's ServiceAccount, once known (it cannot change in a pod's life).
+    source: OnceLock<ServiceAccount>,
     target: ServiceKey,
     port: u16,
 }
@@ -302,6 +309,8 @@ impl Connection {
                     plane: self.plane.clone(),
                     mesh: self.mesh.clone(),
                     pod: self.pod.clone(),
+                    clients: self.clients.clone(),
+                    source: self.source.clone(),
                     target: self.target.clone(),
                     port: self.port,
                 },
@@ -402,8 +411,7 @@ impl Connection {
             parts.uri.path_and_query().map(|p| p.as_str()),
         )
         .map_err(|e| e.to_string())?;
-        let clients = self.plane.clients(&self.pod.netns);
-        clients
+        self.clients
             .plain(Request::from_parts(parts, body), http2)
             .await
             .map_err(|e| e.to_string())
@@ -419,29 +427,9 @@ impl Connection {
         host: &str,
     ) -> Result<Response<Incoming>, String> {
         let mesh = &self.mesh;
-        let source = mesh
-            .workloads
-            .service_account(&self.pod.pod)
-            .ok_or_else(|| {
-                format!(
-                    "the ServiceAccount of pod {} is not known yet",
-                    self.pod.pod
-                )
-            })?;
-        if !mesh.certs.has(&source) {
-            return Err(format!("no SVID for {source} yet"));
-        }
+        let source = self.source()?;
         let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
-        let clients = self.plane.clients(&self.pod.netns);
-        let mut conn = match clients
-            .mesh(
-                &source,
-                mesh.certs.client_config(&source),
-                mesh.certs.trust(),
-                peer_addr,
-            )
-            .await
-        {
+        let mut conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
             Ok((conn, fresh)) => {
                 // Only a new connection had a handshake; most requests reuse one.
                 if fresh.0 {
@@ -450,7 +438,9 @@ impl Connection {
                 conn
             }
             Err(e) => {
-                mesh.metrics.handshake("client", false);
+                if !matches!(e, ClientError::NoSvid(_)) {
+                    mesh.metrics.handshake("client", false);
+                }
                 return Err(e.to_string());
             }
         };
@@ -466,6 +456,24 @@ impl Connection {
         conn.send(Request::from_parts(parts, body))
             .await
             .map_err(|e| aether_cni::error_chain(&e))
+    }
+
+    /// The client pod's ServiceAccount, looked up on the connection's first mesh request.
+    fn source(&self) -> Result<&ServiceAccount, String> {
+        if let Some(source) = self.source.get() {
+            return Ok(source);
+        }
+        let source = self
+            .mesh
+            .workloads
+            .service_account(&self.pod.pod)
+            .ok_or_else(|| {
+                format!(
+                    "the ServiceAccount of pod {} is not known yet",
+                    self.pod.pod
+                )
+            })?;
+        Ok(self.source.get_or_init(|| source))
     }
 }
 
