@@ -4,7 +4,9 @@
 //! - **aether**: the client pod to the route target's ClusterIP, captured, routed, over
 //!   HTTP/2 + mTLS between the two node proxies, to the server pod;
 //! - **nginx pair**: the same two hops with Debian's nginx: one in the client pod's network
-//!   namespace, one in the server pod's, mutual TLS 1.3 between them, keep-alive pools.
+//!   namespace, one in the server pod's, mutual TLS 1.3 between them, keep-alive pools;
+//! - **tcp relay pair**: two plain TCP relays in the same places, copying bytes (no TLS, no
+//!   HTTP): what any two user-space hops cost on this machine, the floor under both proxies.
 //!
 //! Client `echo-v1` and server `echo-v2` run on different nodes. For each, 1,000 requests/s for
 //! a few seconds (latency p50/p99, measured from each request's send to its response's end),
@@ -45,6 +47,8 @@ const ROUNDS: usize = 3;
 const EXTRA_PODS: usize = 20;
 const NGINX_CLIENT_PORT: u16 = 18080;
 const NGINX_SERVER_PORT: u16 = 18443;
+const RELAY_CLIENT_PORT: u16 = 18082;
+const RELAY_SERVER_PORT: u16 = 18445;
 
 #[derive(Debug)]
 struct Figures {
@@ -52,8 +56,9 @@ struct Figures {
     p99: Duration,
     errors: usize,
     saturation_rps: f64,
-    /// CPU time of the path's proxy processes per request at saturation.
-    proxy_cpu: Duration,
+    /// CPU time of the path's proxy processes per request at saturation, when they are
+    /// processes of their own.
+    proxy_cpu: Option<Duration>,
 }
 
 fn main() -> Result<()> {
@@ -96,6 +101,7 @@ async fn run() -> Result<()> {
     let client_netns = Cluster::netns(&client);
     let server_netns = Cluster::netns(&server);
     let nginx = NginxPair::start(&client_netns, &server_netns, &server_ip)?;
+    start_relays(&client_netns, &server_netns, &server_ip)?;
 
     let proxies = [
         node_proxy(&cluster, &client)?,
@@ -103,6 +109,11 @@ async fn run() -> Result<()> {
     ];
     let targets = [
         ("direct", format!("{server_ip}:8080"), Vec::new()),
+        (
+            "tcp relay pair",
+            format!("127.0.0.1:{RELAY_CLIENT_PORT}"),
+            Vec::new(),
+        ),
         ("aether", format!("{cluster_ip}:80"), proxies.to_vec()),
         (
             "nginx pair",
@@ -135,28 +146,36 @@ async fn run() -> Result<()> {
     uninstall(&cluster).await?;
     unmesh_workloads(&cluster)?;
 
-    let direct = &results[0].1;
+    let figures = |path: &str| {
+        results
+            .iter()
+            .find(|(name, _)| *name == path)
+            .map(|(_, f)| f)
+            .with_context(|| format!("no figures for {path}"))
+    };
+    let direct = figures("direct")?;
     println!(
         "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then {SATURATION_CONNECTIONS} connections closed-loop for {SATURATION_SECONDS} s; medians of {ROUNDS} rounds"
     );
     println!(
-        "{:<11} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14} {:>8}",
+        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14} {:>8}",
         "path", "p50", "p99", "added p50", "added p99", "sat. rps", "proxy CPU/req", "errors"
     );
     for (name, f) in &results {
         println!(
-            "{:<11} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>14.1?} {:>8}",
+            "{:<14} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>14} {:>8}",
             name,
             f.p50,
             f.p99,
             f.p50.saturating_sub(direct.p50),
             f.p99.saturating_sub(direct.p99),
             f.saturation_rps,
-            f.proxy_cpu,
+            f.proxy_cpu
+                .map_or_else(|| "-".to_string(), |cpu| format!("{cpu:.1?}")),
             f.errors
         );
     }
-    let (aether, pair) = (&results[1].1, &results[2].1);
+    let (aether, pair) = (figures("aether")?, figures("nginx pair")?);
     println!(
         "aether / nginx pair saturation: {:.2}; proxy RSS per captured pod: {rss}",
         aether.saturation_rps / pair.saturation_rps.max(1.0)
@@ -244,12 +263,13 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
             .await?;
             let cpu = cpu_time(&proxies)?.saturating_sub(cpu_before);
             let requests = saturation_rps * SATURATION_SECONDS as f64;
+            let proxy_cpu = (!proxies.is_empty()).then(|| cpu.div_f64(requests.max(1.0)));
             Ok(Figures {
                 p50: percentile(&latencies, 0.50),
                 p99: percentile(&latencies, 0.99),
                 errors,
                 saturation_rps,
-                proxy_cpu: cpu.div_f64(requests.max(1.0)),
+                proxy_cpu,
             })
         })
     })
@@ -493,6 +513,60 @@ fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .context("no VmRSS")
+}
+
+/// Plain TCP relays in the pods' network namespaces: the client's on
+/// 127.0.0.1:`RELAY_CLIENT_PORT` to the server's, the server's to the app on its loopback.
+/// They run on threads of their own until the bench exits.
+fn start_relays(client_netns: &Path, server_netns: &Path, server_ip: &str) -> Result<()> {
+    let server: SocketAddr = format!("{server_ip}:{RELAY_SERVER_PORT}").parse()?;
+    relay_in(
+        server_netns,
+        SocketAddr::from(([0, 0, 0, 0], RELAY_SERVER_PORT)),
+        SocketAddr::from(([127, 0, 0, 1], 8080)),
+    )?;
+    relay_in(
+        client_netns,
+        SocketAddr::from(([127, 0, 0, 1], RELAY_CLIENT_PORT)),
+        server,
+    )
+}
+
+/// Listens on `listen` inside `netns` and copies each accepted connection to and from a new
+/// one to `to`; returns once listening.
+fn relay_in(netns: &Path, listen: SocketAddr, to: SocketAddr) -> Result<()> {
+    let ns = std::fs::File::open(netns).with_context(|| format!("{}", netns.display()))?;
+    let (ready, listening) = std::sync::mpsc::channel::<Result<()>>();
+    std::thread::spawn(move || {
+        let relay = || -> Result<()> {
+            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let listener = tokio::net::TcpListener::bind(listen).await?;
+                let _ = ready.send(Ok(()));
+                loop {
+                    let (mut inbound, _) = listener.accept().await?;
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else {
+                            return;
+                        };
+                        let _ = inbound.set_nodelay(true);
+                        let _ = outbound.set_nodelay(true);
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    });
+                }
+            })
+        };
+        if let Err(e) = relay() {
+            let _ = ready.send(Err(e));
+        }
+    });
+    listening
+        .recv()
+        .context("the relay thread ended before listening")?
+        .with_context(|| format!("relay on {listen}"))
 }
 
 /// Two nginx processes in the pods' network namespaces, stopped on drop.

@@ -258,7 +258,7 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         --state-dir /var/lib/aether/proxy --capture-port 15001 --inbound-port 15008 \
         --admin-addr 0.0.0.0:15020 --namespace mesh-test --daemonset aether-proxy \
         --trust-domain cluster.local --ca-address aether-operator.mesh-test.svc:8443 \
-        --token-file /var/run/secrets/aether/token";
+        --token-file /var/run/secrets/aether/token --worker-threads 1";
     assert_eq!(argv.join(" "), expected);
     assert!(
         proxy["env"].as_array().into_iter().flatten().any(|e| e
