@@ -208,7 +208,6 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
         .nft_path
         .clone()
         .map_or_else(Nft::default, Nft::program);
-    let runtime = data;
     let mut cluster = None;
     let (agent, capture_file) = match &args.capture_set {
         Some(path) => {
@@ -222,7 +221,7 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
             };
             let plane = DataPlane::new(None);
             (
-                start_agent(config, Arc::new(NoClusterView), capture, runtime, plane).await?,
+                start_agent(config, Arc::new(NoClusterView), capture, data, plane).await?,
                 Some(path.clone()),
             )
         }
@@ -276,14 +275,8 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 hosts: netns::host_addresses().context("listing the node's addresses")?,
                 nft,
             };
-            let agent = start_agent(
-                config,
-                view.clone(),
-                snapshot.capture.clone(),
-                runtime,
-                plane,
-            )
-            .await?;
+            let agent =
+                start_agent(config, view.clone(), snapshot.capture.clone(), data, plane).await?;
             let (wanted, wanted_rx) = watch::channel(BTreeSet::new());
             let resolver_view = view.clone();
             let ca = CaClient {
