@@ -455,6 +455,7 @@ pub async fn repair_drift(
     metrics: Arc<Metrics>,
     period: Duration,
     cni: Option<CniEntry>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let recorder = Recorder::new(
         client,
@@ -464,7 +465,12 @@ pub async fn repair_drift(
         },
     );
     loop {
-        tokio::time::sleep(period).await;
+        // Stopping ends the loop between checks, never in the middle of a repair: an uninstall
+        // that follows must not see a table or the CNI entry put back behind it.
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
         if let Some(cni) = cni.clone()
             && let Ok(true) = tokio::task::spawn_blocking(move || cni.repair()).await
         {

@@ -209,6 +209,8 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
         .clone()
         .map_or_else(Nft::default, Nft::program);
     let mut cluster = None;
+    let (stopping, _) = watch::channel(false);
+    let mut repair = None;
     let (agent, capture_file) = match &args.capture_set {
         Some(path) => {
             let capture = CaptureSet::load(path)?;
@@ -302,14 +304,15 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 wanted,
                 metrics.clone(),
             ));
-            tokio::spawn(cluster::repair_drift(
+            repair = Some(tokio::spawn(cluster::repair_drift(
                 client.clone(),
                 view.clone(),
                 agent.clone(),
                 metrics.clone(),
                 Duration::from_secs(args.drift_check_seconds.max(1)),
                 cluster::CniEntry::current(&args.cni_conf_dir),
-            ));
+                stopping.subscribe(),
+            )));
             tokio::spawn(cluster::remove_taint(client.clone(), args.node.clone()));
             cluster = Some(view);
             (agent, None)
@@ -336,6 +339,10 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
     let _ = ready.send(Err("shutting down".into()));
     let _ = stop.send(());
     server.await.context("the CNI server")?;
+    let _ = stopping.send(true);
+    if let Some(repair) = repair {
+        let _ = repair.await;
+    }
     if let Some(view) = cluster
         && view.is_uninstalling().await
     {
