@@ -202,7 +202,7 @@ impl PodClients {
     async fn connect_mesh(
         &self,
         config: Arc<ClientConfig>,
-        trust: &Arc<TrustStore>,
+        trust: &TrustStore,
         to: SocketAddr,
     ) -> Result<MeshConn, ClientError> {
         let tcp = connect(&self.netns, to)
