@@ -16,7 +16,8 @@
 //! the node proxy's RSS per captured pod.
 //!
 //! `cargo bench -p aether-proxy --bench mesh_latency` (root; installs nginx-light with apt if
-//! it is missing, and aether with helm; leaves the cluster as it found it).
+//! it is missing, and aether with helm; leaves the cluster as it found it). Names after `--`
+//! pick paths by prefix (`-- aether nginx`); direct, the baseline, always runs.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -59,6 +60,10 @@ struct Figures {
     /// CPU time of the path's proxy processes per request at saturation, when they are
     /// processes of their own.
     proxy_cpu: Option<Duration>,
+    /// CPU time of the whole machine per request at saturation (load generator, app, both
+    /// proxies, the kernel's network path), and how busy the machine was.
+    machine_cpu: Duration,
+    machine_busy: f64,
 }
 
 fn main() -> Result<()> {
@@ -121,6 +126,16 @@ async fn run() -> Result<()> {
             nginx.pids(),
         ),
     ];
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let targets: Vec<_> = targets
+        .into_iter()
+        .filter(|(name, _, _)| {
+            *name == "direct" || picked.is_empty() || picked.iter().any(|p| name.starts_with(p))
+        })
+        .collect();
     let mut rounds: Vec<Vec<Figures>> = targets.iter().map(|_| Vec::new()).collect();
     for round in 1..=ROUNDS {
         for ((name, addr, pids), figures) in targets.iter().zip(&mut rounds) {
@@ -158,12 +173,20 @@ async fn run() -> Result<()> {
         "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then {SATURATION_CONNECTIONS} connections closed-loop for {SATURATION_SECONDS} s; medians of {ROUNDS} rounds"
     );
     println!(
-        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14} {:>8}",
-        "path", "p50", "p99", "added p50", "added p99", "sat. rps", "proxy CPU/req", "errors"
+        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14} {:>16} {:>8}",
+        "path",
+        "p50",
+        "p99",
+        "added p50",
+        "added p99",
+        "sat. rps",
+        "proxy CPU/req",
+        "machine CPU/req",
+        "errors"
     );
     for (name, f) in &results {
         println!(
-            "{:<14} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>14} {:>8}",
+            "{:<14} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>14} {:>16} {:>8}",
             name,
             f.p50,
             f.p99,
@@ -172,14 +195,17 @@ async fn run() -> Result<()> {
             f.saturation_rps,
             f.proxy_cpu
                 .map_or_else(|| "-".to_string(), |cpu| format!("{cpu:.1?}")),
+            format!("{:.1?} ({:.0}%)", f.machine_cpu, f.machine_busy * 100.0),
             f.errors
         );
     }
-    let (aether, pair) = (figures("aether")?, figures("nginx pair")?);
-    println!(
-        "aether / nginx pair saturation: {:.2}; proxy RSS per captured pod: {rss}",
-        aether.saturation_rps / pair.saturation_rps.max(1.0)
-    );
+    if let (Ok(aether), Ok(pair)) = (figures("aether"), figures("nginx pair")) {
+        println!(
+            "aether / nginx pair saturation: {:.2}",
+            aether.saturation_rps / pair.saturation_rps.max(1.0)
+        );
+    }
+    println!("proxy RSS per captured pod: {rss}");
     Ok(())
 }
 
@@ -255,6 +281,7 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
             saturate(addr, 4, Duration::from_secs(1)).await?;
             let (latencies, errors) = fixed_rate(addr).await?;
             let cpu_before = cpu_time(&proxies)?;
+            let machine_before = machine_time()?;
             let saturation_rps = saturate(
                 addr,
                 SATURATION_CONNECTIONS,
@@ -262,14 +289,17 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
             )
             .await?;
             let cpu = cpu_time(&proxies)?.saturating_sub(cpu_before);
-            let requests = saturation_rps * SATURATION_SECONDS as f64;
-            let proxy_cpu = (!proxies.is_empty()).then(|| cpu.div_f64(requests.max(1.0)));
+            let machine = machine_time()?.since(machine_before);
+            let requests = (saturation_rps * SATURATION_SECONDS as f64).max(1.0);
+            let proxy_cpu = (!proxies.is_empty()).then(|| cpu.div_f64(requests));
             Ok(Figures {
                 p50: percentile(&latencies, 0.50),
                 p99: percentile(&latencies, 0.99),
                 errors,
                 saturation_rps,
                 proxy_cpu,
+                machine_cpu: machine.busy.div_f64(requests),
+                machine_busy: machine.busy.as_secs_f64() / machine.total.as_secs_f64().max(1e-9),
             })
         })
     })
@@ -393,6 +423,44 @@ fn cpu_time(pids: &[u32]) -> Result<Duration> {
     Ok(Duration::from_secs_f64(total as f64 / ticks))
 }
 
+/// Busy and total CPU time of all the machine's CPUs since boot, from /proc/stat.
+#[derive(Clone, Copy)]
+struct MachineTime {
+    busy: Duration,
+    total: Duration,
+}
+
+impl MachineTime {
+    fn since(self, before: MachineTime) -> MachineTime {
+        MachineTime {
+            busy: self.busy.saturating_sub(before.busy),
+            total: self.total.saturating_sub(before.total),
+        }
+    }
+}
+
+fn machine_time() -> Result<MachineTime> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .context("no cpu line in /proc/stat")?
+        .split_whitespace()
+        .map(|f| f.parse().context("a field of /proc/stat's cpu line"))
+        .collect::<Result<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest times are inside user and nice).
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    let time = |t: u64| Duration::from_secs_f64(t as f64 / ticks);
+    Ok(MachineTime {
+        busy: time(total.saturating_sub(idle)),
+        total: time(total),
+    })
+}
+
 /// Each figure's median over the rounds; errors are summed.
 fn median(rounds: &[Figures]) -> Figures {
     fn mid<T: Copy + PartialOrd>(mut values: Vec<T>) -> T {
@@ -405,6 +473,8 @@ fn median(rounds: &[Figures]) -> Figures {
         errors: rounds.iter().map(|f| f.errors).sum(),
         saturation_rps: mid(rounds.iter().map(|f| f.saturation_rps).collect()),
         proxy_cpu: mid(rounds.iter().map(|f| f.proxy_cpu).collect()),
+        machine_cpu: mid(rounds.iter().map(|f| f.machine_cpu).collect()),
+        machine_busy: mid(rounds.iter().map(|f| f.machine_busy).collect()),
     }
 }
 

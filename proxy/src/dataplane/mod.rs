@@ -11,6 +11,7 @@
 pub mod clients;
 pub mod http;
 pub mod inbound;
+pub mod mesh_h2;
 pub mod outbound;
 
 use std::collections::HashMap;

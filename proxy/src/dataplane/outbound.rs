@@ -389,7 +389,7 @@ impl Connection {
             Ok(mut response) => {
                 in_flight.finish();
                 strip_hop_by_hop(response.headers_mut());
-                served(response.map(h::incoming))
+                served(response)
             }
             Err(message) => {
                 in_flight.fail();
@@ -402,17 +402,12 @@ impl Connection {
     async fn send_plain(
         &self,
         to: SocketAddr,
-        mut parts: ::http::request::Parts,
+        parts: ::http::request::Parts,
         body: Body,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Body>, String> {
         let http2 = parts.version == Version::HTTP_2;
-        parts.uri = absolute_uri(
-            &to.to_string(),
-            parts.uri.path_and_query().map(|p| p.as_str()),
-        )
-        .map_err(|e| e.to_string())?;
         self.clients
-            .plain(Request::from_parts(parts, body), http2)
+            .plain(to, parts, body, http2)
             .await
             .map_err(|e| e.to_string())
     }
@@ -425,11 +420,11 @@ impl Connection {
         mut parts: ::http::request::Parts,
         body: Body,
         host: &str,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Body>, String> {
         let mesh = &self.mesh;
         let source = self.source()?;
         let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
-        let mut conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
+        let conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
             Ok((conn, fresh)) => {
                 // Only a new connection had a handshake; most requests reuse one.
                 if fresh.0 {
