@@ -10,10 +10,10 @@
 //!
 //! Client `echo-v1` and server `echo-v2` run on different nodes. For each, 1,000 requests/s for
 //! a few seconds (latency p50/p99, measured from each request's send to its response's end),
-//! then saturation (16 keep-alive connections in a closed loop: requests/s, and the CPU time the
-//! two proxies spent per request). The three paths take turns for a few rounds, so that the
-//! machine's noise hits them alike; the table shows each figure's median over the rounds. Also
-//! the node proxy's RSS per captured pod.
+//! then saturation (16 keep-alive connections in a closed loop: requests/s). At both loads, the
+//! CPU time the two proxies spent per request; at saturation, the whole machine's too. The
+//! paths take turns for a few rounds, so that the machine's noise hits them alike; the table
+//! shows each figure's median over the rounds. Also the node proxy's RSS per captured pod.
 //!
 //! `cargo bench -p aether-proxy --bench mesh_latency` (root; installs nginx-light with apt if
 //! it is missing, and aether with helm; leaves the cluster as it found it). Names after `--`
@@ -57,8 +57,9 @@ struct Figures {
     p99: Duration,
     errors: usize,
     saturation_rps: f64,
-    /// CPU time of the path's proxy processes per request at saturation, when they are
-    /// processes of their own.
+    /// CPU time of the path's proxy processes per request at the fixed rate and at
+    /// saturation, when they are processes of their own.
+    proxy_cpu_at_rate: Option<Duration>,
     proxy_cpu: Option<Duration>,
     /// CPU time of the whole machine per request at saturation (load generator, app, both
     /// proxies, the kernel's network path), and how busy the machine was.
@@ -173,28 +174,30 @@ async fn run() -> Result<()> {
         "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then {SATURATION_CONNECTIONS} connections closed-loop for {SATURATION_SECONDS} s; medians of {ROUNDS} rounds"
     );
     println!(
-        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14} {:>16} {:>8}",
+        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10} {:>22} {:>16} {:>8}",
         "path",
         "p50",
         "p99",
         "added p50",
         "added p99",
         "sat. rps",
-        "proxy CPU/req",
+        "proxy CPU/req rate|sat",
         "machine CPU/req",
         "errors"
     );
     for (name, f) in &results {
         println!(
-            "{:<14} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>14} {:>16} {:>8}",
+            "{:<14} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>22} {:>16} {:>8}",
             name,
             f.p50,
             f.p99,
             f.p50.saturating_sub(direct.p50),
             f.p99.saturating_sub(direct.p99),
             f.saturation_rps,
-            f.proxy_cpu
-                .map_or_else(|| "-".to_string(), |cpu| format!("{cpu:.1?}")),
+            match (f.proxy_cpu_at_rate, f.proxy_cpu) {
+                (Some(rate), Some(sat)) => format!("{rate:.1?} | {sat:.1?}"),
+                _ => "-".to_string(),
+            },
             format!("{:.1?} ({:.0}%)", f.machine_cpu, f.machine_busy * 100.0),
             f.errors
         );
@@ -279,7 +282,9 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
         runtime.block_on(async {
             // Warm the path (connections, TLS, pools) before measuring.
             saturate(addr, 4, Duration::from_secs(1)).await?;
+            let cpu_before = cpu_time(&proxies)?;
             let (latencies, errors) = fixed_rate(addr).await?;
+            let cpu_at_rate = cpu_time(&proxies)?.saturating_sub(cpu_before);
             let cpu_before = cpu_time(&proxies)?;
             let machine_before = machine_time()?;
             let saturation_rps = saturate(
@@ -292,11 +297,14 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
             let machine = machine_time()?.since(machine_before);
             let requests = (saturation_rps * SATURATION_SECONDS as f64).max(1.0);
             let proxy_cpu = (!proxies.is_empty()).then(|| cpu.div_f64(requests));
+            let proxy_cpu_at_rate = (!proxies.is_empty())
+                .then(|| cpu_at_rate.div_f64(latencies.len().max(1) as f64));
             Ok(Figures {
                 p50: percentile(&latencies, 0.50),
                 p99: percentile(&latencies, 0.99),
                 errors,
                 saturation_rps,
+                proxy_cpu_at_rate,
                 proxy_cpu,
                 machine_cpu: machine.busy.div_f64(requests),
                 machine_busy: machine.busy.as_secs_f64() / machine.total.as_secs_f64().max(1e-9),
@@ -472,6 +480,7 @@ fn median(rounds: &[Figures]) -> Figures {
         p99: mid(rounds.iter().map(|f| f.p99).collect()),
         errors: rounds.iter().map(|f| f.errors).sum(),
         saturation_rps: mid(rounds.iter().map(|f| f.saturation_rps).collect()),
+        proxy_cpu_at_rate: mid(rounds.iter().map(|f| f.proxy_cpu_at_rate).collect()),
         proxy_cpu: mid(rounds.iter().map(|f| f.proxy_cpu).collect()),
         machine_cpu: mid(rounds.iter().map(|f| f.machine_cpu).collect()),
         machine_busy: mid(rounds.iter().map(|f| f.machine_busy).collect()),

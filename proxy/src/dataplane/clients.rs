@@ -8,16 +8,13 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use http_body_util::BodyExt;
-use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1;
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
 use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -26,8 +23,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use super::http::{Body, BoxError, absolute_uri, incoming};
-use super::mesh_h2::{self, RecvBody};
+use super::http::Body;
 use crate::identity::ServiceAccount;
 use crate::identity::tls::{Certs, TrustStore, peer_service_account};
 use crate::netns::{self, NetnsError};
@@ -36,11 +32,6 @@ use crate::netns::{self, NetnsError};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle pooled connections to apps and unmeshed endpoints close after this.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Idle HTTP/1.1 connections kept per address; more are closed once their response is read.
-const MAX_IDLE_PER_ADDR: usize = 64;
-/// An idle mesh connection pings its peer this often, and is closed when no answer comes
-/// within the same time (a peer node gone without closing its connections).
-const MESH_KEEPALIVE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -56,7 +47,7 @@ pub enum ClientError {
     Request { to: String, reason: String },
 }
 
-/// Creates TCP connections inside one network namespace, for hyper's pooled HTTP/2 client.
+/// Creates TCP connections inside one network namespace, for hyper's pooled client.
 #[derive(Clone)]
 pub struct NetnsConnector {
     netns: Arc<Path>,
@@ -116,40 +107,21 @@ pub struct Fresh(pub bool);
 /// A pooled HTTP/2 connection over mTLS to another proxy, and who it proved to be.
 #[derive(Clone)]
 pub struct MeshConn {
-    send: h2::client::SendRequest<Bytes>,
-    /// Cleared when the connection's task ends.
-    open: Arc<AtomicBool>,
+    send: http2::SendRequest<Body>,
     /// The SPIFFE ID the peer proved, computed once for the connection's requests.
     pub peer_id: Arc<str>,
 }
 
 impl MeshConn {
-    /// Sends `request` (HTTP/2, absolute URI, no connection-specific headers) and waits for
-    /// the response head. A request body is sent by a task of its own, so that it keeps
-    /// flowing while the response streams back (gRPC bidirectional streams).
-    pub async fn send(&self, request: Request<Body>) -> Result<Response<Body>, h2::Error> {
-        let (parts, body) = request.into_parts();
-        let end = body.is_end_stream();
-        let mut send = self.send.clone().ready().await?;
-        let (response, stream) = send.send_request(Request::from_parts(parts, ()), end)?;
-        if !end {
-            tokio::spawn(async move {
-                if let Err(e) = mesh_h2::pump(body, stream).await {
-                    debug!(error = %e, "request body not sent whole");
-                }
-            });
-        }
-        Ok(response.await?.map(RecvBody::boxed))
-    }
-
-    fn is_open(&self) -> bool {
-        self.open.load(Ordering::Relaxed)
+    pub async fn send(&mut self, request: Request<Body>) -> hyper::Result<Response<Incoming>> {
+        self.send.ready().await?;
+        self.send.send_request(request).await
     }
 }
 
 pub struct PodClients {
     netns: Arc<Path>,
-    h1: Arc<H1Pool>,
+    h1: Client<NetnsConnector, Body>,
     h2c: Client<NetnsConnector, Body>,
     /// By local ServiceAccount, then peer: looked up without building a key per request.
     mesh: Mutex<HashMap<ServiceAccount, HashMap<SocketAddr, MeshConn>>>,
@@ -160,52 +132,35 @@ impl PodClients {
         let connector = NetnsConnector {
             netns: netns.clone(),
         };
-        let h2c = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .http2_only(true)
-            .build(connector);
+            .pool_timer(TokioTimer::new());
+        let h1 = builder.build(connector.clone());
+        let h2c = builder.http2_only(true).build(connector);
         PodClients {
-            h1: Arc::new(H1Pool {
-                netns: netns.clone(),
-                idle: Mutex::default(),
-            }),
             netns,
+            h1,
             h2c,
             mesh: Mutex::default(),
         }
     }
 
-    /// Sends a plain HTTP request to `to`, HTTP/1.1 or HTTP/2 (h2c) as `http2` says.
+    /// Sends a plain HTTP request; its URI must be `http://<ip>:<port>/...`.
     pub async fn plain(
         &self,
-        to: SocketAddr,
-        mut parts: ::http::request::Parts,
-        body: Body,
+        request: Request<Body>,
         http2: bool,
-    ) -> Result<Response<Body>, ClientError> {
-        let path_and_query = parts.uri.path_and_query().map(|p| p.as_str());
-        let failed = |reason: String| ClientError::Request {
-            to: to.to_string(),
-            reason,
-        };
-        if http2 {
-            parts.uri =
-                absolute_uri(&to.to_string(), path_and_query).map_err(|e| failed(e.to_string()))?;
-            let response = self
-                .h2c
-                .request(Request::from_parts(parts, body))
-                .await
-                .map_err(|e| failed(aether_cni::error_chain(&e)))?;
-            return Ok(response.map(incoming));
-        }
-        // HTTP/1.1 goes in origin form; the Host header names the authority.
-        parts.uri =
-            Uri::try_from(path_and_query.unwrap_or("/")).map_err(|e| failed(e.to_string()))?;
-        self.h1
-            .send(to, Request::from_parts(parts, body))
+    ) -> Result<Response<Incoming>, ClientError> {
+        let to = request.uri().to_string();
+        let client = if http2 { &self.h2c } else { &self.h1 };
+        client
+            .request(request)
             .await
-            .map_err(|e| failed(aether_cni::error_chain(&*e)))
+            .map_err(|e| ClientError::Request {
+                to,
+                reason: aether_cni::error_chain(&e),
+            })
     }
 
     /// The pooled connection for `source`'s pods to `to`, or a new one presenting `source`'s
@@ -235,7 +190,7 @@ impl PodClients {
     fn pooled(&self, source: &ServiceAccount, to: SocketAddr) -> Option<MeshConn> {
         let pool = self.lock_mesh();
         let conn = pool.get(source)?.get(&to)?;
-        conn.is_open().then(|| conn.clone())
+        (!conn.send.is_closed()).then(|| conn.clone())
     }
 
     fn lock_mesh(
@@ -272,174 +227,21 @@ impl PodClients {
             .ok_or(ClientError::NoPeerIdentity { to })?
             .spiffe_id(trust.trust_domain())
             .into();
-        let (send, connection) = mesh_h2::client_builder()
-            .handshake::<_, Bytes>(tls)
+        let (send, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(30))
+            .handshake(TokioIo::new(tls))
             .await
             .map_err(|e| ClientError::Handshake {
                 to,
                 reason: e.to_string(),
             })?;
-        let open = Arc::new(AtomicBool::new(true));
-        tokio::spawn(drive_mesh(connection, to, open.clone()));
-        Ok(MeshConn {
-            send,
-            open,
-            peer_id,
-        })
-    }
-}
-
-/// Runs a mesh connection until it ends, pinging the peer when it has been quiet.
-async fn drive_mesh<T>(
-    mut connection: h2::client::Connection<T, Bytes>,
-    to: SocketAddr,
-    open: Arc<AtomicBool>,
-) where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let ping = connection.ping_pong();
-    let keepalive = async move {
-        let Some(mut ping) = ping else {
-            return std::future::pending().await;
-        };
-        loop {
-            tokio::time::sleep(MESH_KEEPALIVE).await;
-            match tokio::time::timeout(MESH_KEEPALIVE, ping.ping(h2::Ping::opaque())).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return e.to_string(),
-                Err(_) => return format!("no answer to a ping within {MESH_KEEPALIVE:?}"),
-            }
-        }
-    };
-    tokio::select! {
-        ended = &mut connection => if let Err(e) = ended {
-            debug!(%to, error = %e, "mesh connection ended");
-        },
-        why = keepalive => debug!(%to, reason = %why, "mesh connection closed"),
-    }
-    open.store(false, Ordering::Relaxed);
-}
-
-/// Idle HTTP/1.1 connections from one pod, by address, newest last. A connection goes back
-/// once its response has been read to the end; one whose response was dropped half-read is
-/// closed instead.
-struct H1Pool {
-    netns: Arc<Path>,
-    idle: Mutex<HashMap<SocketAddr, Vec<IdleConn>>>,
-}
-
-struct IdleConn {
-    send: http1::SendRequest<Body>,
-    since: Instant,
-}
-
-impl H1Pool {
-    async fn send(
-        self: &Arc<Self>,
-        to: SocketAddr,
-        mut request: Request<Body>,
-    ) -> Result<Response<Body>, BoxError> {
-        while let Some(mut send) = self.checkout(to) {
-            if send.ready().await.is_err() {
-                continue;
-            }
-            match send.try_send_request(request).await {
-                Ok(response) => return Ok(self.returning(to, send, response)),
-                // The connection closed before the request went out: another one takes it.
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => request = unsent,
-                    None => return Err(e.into_error().into()),
-                },
-            }
-        }
-        let tcp = connect(&self.netns, to).await?;
-        let (mut send, connection) = http1::handshake(TokioIo::new(tcp)).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                debug!(%to, error = %e, "HTTP/1.1 connection ended");
+                debug!(%to, error = %e, "mesh connection ended");
             }
         });
-        let response = send.send_request(request).await?;
-        Ok(self.returning(to, send, response))
-    }
-
-    /// The newest idle connection to `to` that is still open; expired ones are closed.
-    fn checkout(&self, to: SocketAddr) -> Option<http1::SendRequest<Body>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = idle.get_mut(&to)?;
-        conns.retain(|c| c.since.elapsed() < IDLE_TIMEOUT && !c.send.is_closed());
-        conns.pop().map(|c| c.send)
-    }
-
-    fn give_back(&self, to: SocketAddr, send: http1::SendRequest<Body>) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = idle.entry(to).or_default();
-        if conns.len() < MAX_IDLE_PER_ADDR && !send.is_closed() {
-            conns.push(IdleConn {
-                send,
-                since: Instant::now(),
-            });
-        }
-    }
-
-    fn returning(
-        self: &Arc<Self>,
-        to: SocketAddr,
-        send: http1::SendRequest<Body>,
-        response: Response<Incoming>,
-    ) -> Response<Body> {
-        let (parts, body) = response.into_parts();
-        let mut body = Returning {
-            body,
-            home: Some((self.clone(), to, send)),
-        };
-        // A body with nothing to read (a 204, a HEAD) may never be polled.
-        if body.body.is_end_stream() {
-            body.give_back();
-        }
-        Response::from_parts(parts, body.map_err(BoxError::from).boxed())
-    }
-}
-
-/// A response body that puts its connection back in the pool once read to the end.
-struct Returning {
-    body: Incoming,
-    home: Option<(Arc<H1Pool>, SocketAddr, http1::SendRequest<Body>)>,
-}
-
-impl Returning {
-    fn give_back(&mut self) {
-        if let Some((pool, to, send)) = self.home.take() {
-            pool.give_back(to, send);
-        }
-    }
-}
-
-impl HttpBody for Returning {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        let ended = self.body.is_end_stream();
-        match &frame {
-            None => self.give_back(),
-            Some(Ok(_)) if ended => self.give_back(),
-            Some(Err(_)) => self.home = None,
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        Ok(MeshConn { send, peer_id })
     }
 }
 

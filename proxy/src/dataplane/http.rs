@@ -16,9 +16,8 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// for, `<port> <h1|h2>`. Removed before the request reaches the app.
 pub const FORWARD_HEADER: &str = "x-aether-forward";
 
-/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1; HTTP/2 refuses
-/// them, RFC 9113 §8.2.2). Each HTTP/1 side frames its own body.
-const HOP_BY_HOP: [&str; 9] = [
+/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -26,7 +25,6 @@ const HOP_BY_HOP: [&str; 9] = [
     "proxy-authorization",
     "te",
     "trailer",
-    "transfer-encoding",
     "upgrade",
 ];
 
@@ -152,7 +150,6 @@ mod tests {
         headers.insert("connection", HeaderValue::from_static("close, x-private"));
         headers.insert("x-private", HeaderValue::from_static("1"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         headers.insert("te", HeaderValue::from_static("trailers"));
         headers.insert("x-kept", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut headers);

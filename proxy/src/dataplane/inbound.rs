@@ -6,21 +6,17 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::future::poll_fn;
-
 use ::http::header::{self, HeaderValue};
 use ::http::{Request, Response, StatusCode, Version};
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-use h2::RecvStream;
-use h2::server::SendResponse;
-use hyper::body::{Body as HttpBody, Bytes};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::clients::PodClients;
-use super::http::{Body, FORWARD_HEADER, answer, authority, parse_forward, strip_hop_by_hop};
-use super::mesh_h2::{self, RecvBody};
+use super::http::{
+    self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, parse_forward,
+};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane};
 use crate::identity::tls::peer_service_account;
 use crate::listeners::PodInfo;
@@ -64,14 +60,21 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         Ok(value) => value,
         Err(_) => return,
     };
-    let app = App {
+    let app = Arc::new(App {
         clients: plane.clients(&pod.netns),
-        backend: format!("{}/{}", pod.pod.namespace, pod.pod.name),
         plane: plane.clone(),
         pod,
         identity,
-    };
-    if let Err(e) = app.serve_streams(tls).await {
+    });
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let app = app.clone();
+        async move { Ok::<_, std::convert::Infallible>(app.handle(request).await) }
+    });
+    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+    if let Err(e) = served {
         debug!(%peer, error = %e, "inbound mesh connection ended with an error");
     }
 }
@@ -81,71 +84,29 @@ struct App {
     pod: Arc<PodInfo>,
     /// The pod's connection pools (to its apps), looked up once for the connection.
     clients: Arc<PodClients>,
-    /// The metrics' backend label, `namespace/pod`.
-    backend: String,
     identity: HeaderValue,
 }
 
 impl App {
-    /// Serves the connection's streams from its own task: each stream's future is polled
-    /// when its I/O is ready, with no task spawned and no hand-off between tasks per request.
-    async fn serve_streams<T>(&self, io: T) -> Result<(), h2::Error>
-    where
-        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    {
-        let mut connection = mesh_h2::server_builder().handshake(io).await?;
-        let mut streams = FuturesUnordered::new();
-        loop {
-            tokio::select! {
-                accepted = connection.accept() => match accepted {
-                    Some(Ok((request, respond))) => streams.push(self.serve_stream(request, respond)),
-                    Some(Err(e)) => return Err(e),
-                    None => break,
-                },
-                Some(()) = streams.next(), if !streams.is_empty() => {}
-            }
-        }
-        // The peer is done opening streams; the open ones still finish.
-        let finish = async { while streams.next().await.is_some() {} };
-        let (_, closed) = tokio::join!(finish, poll_fn(|cx| connection.poll_closed(cx)));
-        closed
-    }
-
-    async fn serve_stream(&self, request: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let started = Instant::now();
-        let request = request.map(RecvBody::boxed);
-        // A stream the caller resets (it gave up, or timed out) stops waiting for the app.
-        let response = tokio::select! {
-            response = self.forward(request) => response,
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
-        };
+        let response = self.forward(request).await;
         if let Some(mesh) = &self.plane.mesh {
             mesh.metrics.request(
                 RequestLabels {
                     direction: "inbound",
                     target: String::new(),
                     route: String::new(),
-                    backend: self.backend.clone(),
+                    backend: format!("{}/{}", self.pod.pod.namespace, self.pod.pod.name),
                     status: response.status().as_u16(),
                 },
                 started.elapsed(),
             );
         }
-        let (mut parts, body) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        let end = body.is_end_stream();
-        match respond.send_response(Response::from_parts(parts, ()), end) {
-            Ok(stream) if !end => {
-                if let Err(e) = mesh_h2::pump(body, stream).await {
-                    debug!(pod = %self.pod.pod, error = %e, "response body not sent whole");
-                }
-            }
-            Ok(_) => {}
-            Err(e) => debug!(pod = %self.pod.pod, error = %e, "response not sent"),
-        }
+        response
     }
 
-    async fn forward(&self, request: Request<Body>) -> Response<Body> {
+    async fn forward(&self, request: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
         let Some((port, http2)) = parts.headers.get(FORWARD_HEADER).and_then(parse_forward) else {
             return answer(
@@ -170,13 +131,24 @@ impl App {
         } else {
             SocketAddr::from((Ipv6Addr::LOCALHOST, port))
         };
+        parts.uri = match absolute_uri(
+            &app.to_string(),
+            parts.uri.path_and_query().map(|p| p.as_str()),
+        ) {
+            Ok(uri) => uri,
+            Err(e) => return answer(StatusCode::BAD_REQUEST, e.to_string()),
+        };
         parts.version = if http2 {
             Version::HTTP_2
         } else {
             Version::HTTP_11
         };
-        match self.clients.plain(app, parts, body, http2).await {
-            Ok(response) => response,
+        match self
+            .clients
+            .plain(Request::from_parts(parts, h::incoming(body)), http2)
+            .await
+        {
+            Ok(response) => response.map(h::incoming),
             Err(e) => {
                 warn!(pod = %self.pod.pod, error = %e, "the app did not answer a mesh request");
                 answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string())

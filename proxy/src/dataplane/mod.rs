@@ -11,7 +11,6 @@
 pub mod clients;
 pub mod http;
 pub mod inbound;
-pub mod mesh_h2;
 pub mod outbound;
 
 use std::collections::HashMap;

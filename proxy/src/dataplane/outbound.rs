@@ -389,7 +389,7 @@ impl Connection {
             Ok(mut response) => {
                 in_flight.finish();
                 strip_hop_by_hop(response.headers_mut());
-                served(response)
+                served(response.map(h::incoming))
             }
             Err(message) => {
                 in_flight.fail();
@@ -402,12 +402,17 @@ impl Connection {
     async fn send_plain(
         &self,
         to: SocketAddr,
-        parts: ::http::request::Parts,
+        mut parts: ::http::request::Parts,
         body: Body,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Incoming>, String> {
         let http2 = parts.version == Version::HTTP_2;
+        parts.uri = absolute_uri(
+            &to.to_string(),
+            parts.uri.path_and_query().map(|p| p.as_str()),
+        )
+        .map_err(|e| e.to_string())?;
         self.clients
-            .plain(to, parts, body, http2)
+            .plain(Request::from_parts(parts, body), http2)
             .await
             .map_err(|e| e.to_string())
     }
@@ -420,11 +425,11 @@ impl Connection {
         mut parts: ::http::request::Parts,
         body: Body,
         host: &str,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Incoming>, String> {
         let mesh = &self.mesh;
         let source = self.source()?;
         let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
-        let conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
+        let mut conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
             Ok((conn, fresh)) => {
                 // Only a new connection had a handshake; most requests reuse one.
                 if fresh.0 {
