@@ -316,16 +316,16 @@ impl Writer {
         let mut writes: Vec<Write<'_>> = Vec::new();
         for object in stores.targets.state() {
             let namespace = object.namespace().unwrap_or_default();
-            let Some(target) = targets.get(&(namespace.clone(), object.spec.service.clone()))
-            else {
+            // The store may hold objects, or generations, newer than the model: their status is
+            // written from the model that has seen them (observedGeneration says which one).
+            let Some(known) = index.targets.get(&(namespace.clone(), object.name_any())) else {
+                continue;
+            };
+            let Some(target) = targets.get(&(namespace.clone(), known.service.clone())) else {
                 continue;
             };
             // A hand-written RouteTarget takes precedence over a derived one for the same Service.
-            let derived = index
-                .targets
-                .get(&(namespace.clone(), object.name_any()))
-                .is_some_and(|t| t.derived);
-            if derived && target.hand_written {
+            if known.derived && target.hand_written {
                 continue;
             }
             let previous = object.status.as_ref();
@@ -333,7 +333,7 @@ impl Writer {
                 index,
                 target,
                 &model.shared.identities,
-                object.metadata.generation,
+                known.generation,
                 previous,
                 now,
             );

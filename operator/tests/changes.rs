@@ -222,27 +222,23 @@ async fn changes_show_up_in_status_and_node_configs() -> Result<()> {
         Ok(targets.get_opt("echo-v1").await?.is_none().then_some(()))
     })
     .await?;
-    // Status is written from the newest model at most once a second, so the first one written
-    // may predate the target's own rules; it converges to list them.
-    let hand = eventually("handwritten status listing its own rules", || async {
-        Ok(targets
-            .get_opt("handwritten")
-            .await?
-            .and_then(|t| t.status)
-            .filter(|s| {
-                s.routes
-                    .iter()
-                    .any(|r| r.kind == "RouteTarget" && r.name == "handwritten")
-            }))
+    // Its first status already comes from a model that has seen it: its own rules and the
+    // Service's HTTPRoutes.
+    let hand = eventually("handwritten status", || async {
+        Ok(targets.get_opt("handwritten").await?.and_then(|t| t.status))
     })
     .await?;
-    assert!(
-        hand.routes
-            .iter()
-            .any(|r| r.kind == "HTTPRoute" && r.name == "missing-backend"),
-        "{:?}",
-        hand.routes
-    );
+    for (kind, name) in [
+        ("RouteTarget", "handwritten"),
+        ("HTTPRoute", "missing-backend"),
+    ] {
+        assert!(
+            hand.routes.iter().any(|r| r.kind == kind && r.name == name),
+            "{kind} {name} not in {:?}",
+            hand.routes
+        );
+    }
+    assert_eq!(hand.observed_generation, Some(1));
 
     for name in [
         "changes",

@@ -297,8 +297,8 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
             let machine = machine_time()?.since(machine_before);
             let requests = (saturation_rps * SATURATION_SECONDS as f64).max(1.0);
             let proxy_cpu = (!proxies.is_empty()).then(|| cpu.div_f64(requests));
-            let proxy_cpu_at_rate = (!proxies.is_empty())
-                .then(|| cpu_at_rate.div_f64(latencies.len().max(1) as f64));
+            let proxy_cpu_at_rate =
+                (!proxies.is_empty()).then(|| cpu_at_rate.div_f64(latencies.len().max(1) as f64));
             Ok(Figures {
                 p50: percentile(&latencies, 0.50),
                 p99: percentile(&latencies, 0.99),

@@ -167,7 +167,7 @@ fn main() -> ExitCode {
         command: Command::Run(args),
     } = Cli::parse();
     let result = runtimes(args.worker_threads)
-        .and_then(|(control, data)| control.block_on(run(*args, data.handle().clone())));
+        .and_then(|runtimes| runtimes.control.block_on(run(*args, runtimes.data.clone())));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -177,10 +177,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// The control runtime (cluster, CNI server, identity, admin) and the data plane's.
-fn runtimes(
-    data_threads: u16,
-) -> anyhow::Result<(tokio::runtime::Runtime, tokio::runtime::Runtime)> {
+/// The runtimes of the control work (cluster, CNI server, identity, admin) and of the data
+/// plane.
+struct Runtimes {
+    control: tokio::runtime::Runtime,
+    data: tokio::runtime::Handle,
+    /// The data plane's runtime when it has several threads; one thread is a current-thread
+    /// runtime driven by a thread of its own (no work-stealing machinery on the request path).
+    _data: Option<tokio::runtime::Runtime>,
+}
+
+fn runtimes(data_threads: u16) -> anyhow::Result<Runtimes> {
     let build = |name: &str, threads: usize| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
@@ -189,10 +196,29 @@ fn runtimes(
             .build()
             .with_context(|| format!("cannot start the {name} runtime"))
     };
-    Ok((
-        build("aether-control", 1)?,
-        build("aether-data", usize::from(data_threads))?,
-    ))
+    let control = build("aether-control", 1)?;
+    if data_threads > 1 {
+        let data = build("aether-data", usize::from(data_threads))?;
+        return Ok(Runtimes {
+            control,
+            data: data.handle().clone(),
+            _data: Some(data),
+        });
+    }
+    let data = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the aether-data runtime")?;
+    let handle = data.handle().clone();
+    std::thread::Builder::new()
+        .name("aether-data".into())
+        .spawn(move || data.block_on(std::future::pending::<()>()))
+        .context("cannot start the aether-data thread")?;
+    Ok(Runtimes {
+        control,
+        data: handle,
+        _data: None,
+    })
 }
 
 /// Runs the proxy on the control runtime; `data` serves the pods' connections.
