@@ -187,12 +187,12 @@ async fn run() -> Result<()> {
     );
     for (name, f) in &results {
         println!(
-            "{:<14} {:>10.0?} {:>10.0?} {:>12.0?} {:>12.0?} {:>10.0} {:>22} {:>16} {:>8}",
+            "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10.0} {:>22} {:>16} {:>8}",
             name,
-            f.p50,
-            f.p99,
-            f.p50.saturating_sub(direct.p50),
-            f.p99.saturating_sub(direct.p99),
+            micros(f.p50),
+            micros(f.p99),
+            micros(f.p50.saturating_sub(direct.p50)),
+            micros(f.p99.saturating_sub(direct.p99)),
             f.saturation_rps,
             match (f.proxy_cpu_at_rate, f.proxy_cpu) {
                 (Some(rate), Some(sat)) => format!("{rate:.1?} | {sat:.1?}"),
@@ -429,6 +429,11 @@ fn cpu_time(pids: &[u32]) -> Result<Duration> {
         }
     }
     Ok(Duration::from_secs_f64(total as f64 / ticks))
+}
+
+/// A latency in whole microseconds, whatever its size (`Debug` would print 1.19 ms as "1ms").
+fn micros(d: Duration) -> String {
+    format!("{}µs", d.as_micros())
 }
 
 /// Busy and total CPU time of all the machine's CPUs since boot, from /proc/stat.
