@@ -45,6 +45,8 @@ const RATE_SECONDS: u64 = 5;
 const SATURATION_CONNECTIONS: usize = 16;
 const SATURATION_SECONDS: u64 = 5;
 const ROUNDS: usize = 3;
+/// The paths measured, in the order they take turns.
+const PATHS: [&str; 4] = ["direct", "tcp relay pair", "aether", "nginx pair"];
 const EXTRA_PODS: usize = 20;
 const NGINX_CLIENT_PORT: u16 = 18080;
 const NGINX_SERVER_PORT: u16 = 18443;
@@ -76,6 +78,16 @@ fn main() -> Result<()> {
 }
 
 async fn run() -> Result<()> {
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if let Some(unknown) = picked
+        .iter()
+        .find(|p| !PATHS.iter().any(|name| name.starts_with(p.as_str())))
+    {
+        bail!("no path starts with {unknown:?}; the paths are {PATHS:?}");
+    }
     let cluster = Cluster::get().await?;
     ensure_nginx()?;
     install(&cluster, &[]).await?;
@@ -113,26 +125,17 @@ async fn run() -> Result<()> {
         node_proxy(&cluster, &client)?,
         node_proxy(&cluster, &server)?,
     ];
-    let targets = [
-        ("direct", format!("{server_ip}:8080"), Vec::new()),
-        (
-            "tcp relay pair",
-            format!("127.0.0.1:{RELAY_CLIENT_PORT}"),
-            Vec::new(),
-        ),
-        ("aether", format!("{cluster_ip}:80"), proxies.to_vec()),
-        (
-            "nginx pair",
-            format!("127.0.0.1:{NGINX_CLIENT_PORT}"),
-            nginx.pids(),
-        ),
+    // Where each of PATHS is dialled, and its proxies' pids.
+    let places = [
+        (format!("{server_ip}:8080"), Vec::new()),
+        (format!("127.0.0.1:{RELAY_CLIENT_PORT}"), Vec::new()),
+        (format!("{cluster_ip}:80"), proxies.to_vec()),
+        (format!("127.0.0.1:{NGINX_CLIENT_PORT}"), nginx.pids()),
     ];
-    let picked: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let targets: Vec<_> = targets
+    let targets: Vec<_> = PATHS
         .into_iter()
+        .zip(places)
+        .map(|(name, (addr, pids))| (name, addr, pids))
         .filter(|(name, _, _)| {
             *name == "direct" || picked.is_empty() || picked.iter().any(|p| name.starts_with(p))
         })
