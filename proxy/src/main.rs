@@ -167,7 +167,7 @@ fn main() -> ExitCode {
         command: Command::Run(args),
     } = Cli::parse();
     let result = runtimes(args.worker_threads)
-        .and_then(|runtimes| runtimes.control.block_on(run(*args, runtimes.data.clone())));
+        .and_then(|(control, data)| control.block_on(run(*args, data)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -177,48 +177,38 @@ fn main() -> ExitCode {
     }
 }
 
-/// The runtimes of the control work (cluster, CNI server, identity, admin) and of the data
-/// plane.
-struct Runtimes {
-    control: tokio::runtime::Runtime,
-    data: tokio::runtime::Handle,
-    /// The data plane's runtime when it has several threads; one thread is a current-thread
-    /// runtime driven by a thread of its own (no work-stealing machinery on the request path).
-    _data: Option<tokio::runtime::Runtime>,
-}
-
-fn runtimes(data_threads: u16) -> anyhow::Result<Runtimes> {
-    let build = |name: &str, threads: usize| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name(name)
-            .enable_all()
-            .build()
-            .with_context(|| format!("cannot start the {name} runtime"))
+/// The control runtime (cluster, CNI server, identity, admin) and a handle on the data
+/// plane's. One data thread is tokio's current-thread scheduler (no work-stealing machinery on
+/// the request path); more are a multi-thread runtime.
+fn runtimes(
+    data_threads: u16,
+) -> anyhow::Result<(tokio::runtime::Runtime, tokio::runtime::Handle)> {
+    let control = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("aether-control")
+        .enable_all()
+        .build()
+        .context("cannot start the aether-control runtime")?;
+    let mut builder = if data_threads > 1 {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(usize::from(data_threads));
+        builder
+    } else {
+        tokio::runtime::Builder::new_current_thread()
     };
-    let control = build("aether-control", 1)?;
-    if data_threads > 1 {
-        let data = build("aether-data", usize::from(data_threads))?;
-        return Ok(Runtimes {
-            control,
-            data: data.handle().clone(),
-            _data: Some(data),
-        });
-    }
-    let data = tokio::runtime::Builder::new_current_thread()
+    let data = builder
+        .thread_name("aether-data")
         .enable_all()
         .build()
         .context("cannot start the aether-data runtime")?;
     let handle = data.handle().clone();
+    // A current-thread runtime runs its tasks only inside `block_on`: a thread of its own does
+    // that for the process's life (and keeps either kind of runtime alive).
     std::thread::Builder::new()
         .name("aether-data".into())
         .spawn(move || data.block_on(std::future::pending::<()>()))
         .context("cannot start the aether-data thread")?;
-    Ok(Runtimes {
-        control,
-        data: handle,
-        _data: None,
-    })
+    Ok((control, handle))
 }
 
 /// Runs the proxy on the control runtime; `data` serves the pods' connections.
