@@ -17,3 +17,6 @@ trap 'tests/cluster/down.sh >/dev/null 2>&1 || echo "tests/cluster/down.sh faile
 tests/cluster/up.sh
 tests/cluster/smoke.sh
 cargo test --workspace
+# Teardown is part of the suite: down.sh fails naming anything of the cluster left behind.
+trap - EXIT
+tests/cluster/down.sh
