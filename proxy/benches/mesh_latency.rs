@@ -414,8 +414,6 @@ async fn saturate(addr: SocketAddr, connections: usize, length: Duration) -> Res
 
 /// User and system CPU time of the processes `pids` (all their threads), from /proc.
 fn cpu_time(pids: &[u32]) -> Result<Duration> {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let mut total = 0u64;
     for pid in pids {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -431,7 +429,14 @@ fn cpu_time(pids: &[u32]) -> Result<Duration> {
                 .with_context(|| format!("no CPU times in /proc/{pid}/stat"))?;
         }
     }
-    Ok(Duration::from_secs_f64(total as f64 / ticks))
+    Ok(clock_ticks(total))
+}
+
+/// A count of the kernel's clock ticks (the unit of /proc's CPU times) as a duration.
+fn clock_ticks(count: u64) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Duration::from_secs_f64(count as f64 / per_second)
 }
 
 /// A latency in whole microseconds, whatever its size (`Debug` would print 1.19 ms as "1ms").
@@ -456,8 +461,6 @@ impl MachineTime {
 }
 
 fn machine_time() -> Result<MachineTime> {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
     let fields: Vec<u64> = stat
         .lines()
@@ -470,10 +473,9 @@ fn machine_time() -> Result<MachineTime> {
     // user nice system idle iowait irq softirq steal (guest times are inside user and nice).
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    let time = |t: u64| Duration::from_secs_f64(t as f64 / ticks);
     Ok(MachineTime {
-        busy: time(total.saturating_sub(idle)),
-        total: time(total),
+        busy: clock_ticks(total.saturating_sub(idle)),
+        total: clock_ticks(total),
     })
 }
 
