@@ -23,7 +23,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use super::http::Body;
+use super::http::{Body, absolute_uri};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::{Certs, TrustStore, peer_service_account};
 use crate::netns::{self, NetnsError};
@@ -44,7 +44,7 @@ pub enum ClientError {
     #[error("no SVID for {0} yet")]
     NoSvid(ServiceAccount),
     #[error("request to {to} failed: {reason}")]
-    Request { to: String, reason: String },
+    Request { to: SocketAddr, reason: String },
 }
 
 /// Creates TCP connections inside one network namespace, for hyper's pooled client.
@@ -146,13 +146,19 @@ impl PodClients {
         }
     }
 
-    /// Sends a plain HTTP request; its URI must be `http://<ip>:<port>/...`.
+    /// Sends a plain HTTP request to `to` (its URI's path and query are kept).
     pub async fn plain(
         &self,
-        request: Request<Body>,
+        to: SocketAddr,
+        mut request: Request<Body>,
         http2: bool,
     ) -> Result<Response<Incoming>, ClientError> {
-        let to = request.uri().to_string();
+        let uri = std::mem::take(request.uri_mut());
+        *request.uri_mut() =
+            absolute_uri(&to.to_string(), uri).map_err(|e| ClientError::Request {
+                to,
+                reason: e.to_string(),
+            })?;
         let client = if http2 { &self.h2c } else { &self.h1 };
         client
             .request(request)

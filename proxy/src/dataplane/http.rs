@@ -3,6 +3,7 @@
 //! the two proxies of a mesh hop.
 
 use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use ::http::uri::{Authority, PathAndQuery, Scheme};
 use ::http::{Response, StatusCode, Uri, Version};
 use aether_routing::Forward;
 use http_body_util::combinators::BoxBody;
@@ -14,18 +15,18 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 /// From the outbound proxy to the inbound one: the app port and HTTP version the request is
 /// for, `<port> <h1|h2>`. Removed before the request reaches the app.
-pub const FORWARD_HEADER: &str = "x-aether-forward";
+pub const FORWARD_HEADER: HeaderName = HeaderName::from_static("x-aether-forward");
 
 /// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
 ];
 
 pub fn incoming(body: Incoming) -> Body {
@@ -54,6 +55,10 @@ pub fn answer(status: StatusCode, message: impl Into<String>) -> Response<Body> 
 /// Removes hop-by-hop headers, including those the `Connection` header names. `te: trailers`
 /// stays: gRPC needs it end to end.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names costs less than a lookup per name.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -85,13 +90,16 @@ pub fn authority(uri: &Uri, headers: &HeaderMap) -> Option<String> {
     })
 }
 
-/// `http://<authority><path?query>`: the form hyper's clients send from.
-pub fn absolute_uri(authority: &str, path_and_query: Option<&str>) -> Result<Uri, ::http::Error> {
-    Uri::builder()
-        .scheme("http")
-        .authority(authority)
-        .path_and_query(path_and_query.unwrap_or("/"))
-        .build()
+/// `uri` as `http://<authority><path?query>`: the form hyper's clients send from. The path
+/// and query are moved, not parsed again.
+pub fn absolute_uri(authority: &str, uri: Uri) -> Result<Uri, ::http::Error> {
+    let mut parts = uri.into_parts();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(Authority::try_from(authority)?);
+    parts
+        .path_and_query
+        .get_or_insert(PathAndQuery::from_static("/"));
+    Ok(Uri::from_parts(parts)?)
 }
 
 /// The value of [`FORWARD_HEADER`].
@@ -187,8 +195,17 @@ mod tests {
         let uri = Uri::from_static("http://echo.shop:80/x");
         assert_eq!(authority(&uri, &headers).as_deref(), Some("echo.shop:80"));
         assert_eq!(
-            absolute_uri("echo", Some("/a?b=1")).unwrap(),
+            absolute_uri("echo", Uri::from_static("/a?b=1")).unwrap(),
             Uri::from_static("http://echo/a?b=1")
         );
+        assert_eq!(
+            absolute_uri("10.0.0.1:80", Uri::from_static("http://echo.shop/x")).unwrap(),
+            Uri::from_static("http://10.0.0.1:80/x")
+        );
+        assert_eq!(
+            absolute_uri("echo", Uri::default()).unwrap(),
+            Uri::from_static("http://echo/")
+        );
+        assert!(absolute_uri("bad host", Uri::default()).is_err());
     }
 }

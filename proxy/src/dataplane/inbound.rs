@@ -14,13 +14,11 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::clients::PodClients;
-use super::http::{
-    self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, parse_forward,
-};
+use super::http::{self as h, Body, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane};
 use crate::identity::tls::peer_service_account;
 use crate::listeners::PodInfo;
-use crate::metrics::RequestLabels;
+use crate::metrics::{Direction, RequestLabels};
 
 /// Bounds the TLS handshake of a connecting peer.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,6 +61,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
     let app = Arc::new(App {
         clients: plane.clients(&pod.netns),
         plane: plane.clone(),
+        label: format!("{}/{}", pod.pod.namespace, pod.pod.name),
         pod,
         identity,
     });
@@ -85,6 +84,8 @@ struct App {
     /// The pod's connection pools (to its apps), looked up once for the connection.
     clients: Arc<PodClients>,
     identity: HeaderValue,
+    /// The pod as the metrics label, formatted once for the connection's requests.
+    label: String,
 }
 
 impl App {
@@ -94,10 +95,10 @@ impl App {
         if let Some(mesh) = &self.plane.mesh {
             mesh.metrics.request(
                 RequestLabels {
-                    direction: "inbound",
+                    direction: Direction::Inbound,
                     target: String::new(),
                     route: String::new(),
-                    backend: format!("{}/{}", self.pod.pod.namespace, self.pod.pod.name),
+                    backend: self.label.clone(),
                     status: response.status().as_u16(),
                 },
                 started.elapsed(),
@@ -131,13 +132,6 @@ impl App {
         } else {
             SocketAddr::from((Ipv6Addr::LOCALHOST, port))
         };
-        parts.uri = match absolute_uri(
-            &app.to_string(),
-            parts.uri.path_and_query().map(|p| p.as_str()),
-        ) {
-            Ok(uri) => uri,
-            Err(e) => return answer(StatusCode::BAD_REQUEST, e.to_string()),
-        };
         parts.version = if http2 {
             Version::HTTP_2
         } else {
@@ -145,7 +139,7 @@ impl App {
         };
         match self
             .clients
-            .plain(Request::from_parts(parts, h::incoming(body)), http2)
+            .plain(app, Request::from_parts(parts, h::incoming(body)), http2)
             .await
         {
             Ok(response) => response.map(h::incoming),

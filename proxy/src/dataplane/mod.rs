@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use ::http::HeaderName;
 use aether_cni::protocol::PodRef;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -34,7 +35,7 @@ use clients::PodClients;
 
 /// The header through which the inbound side tells the app who called: the caller's SPIFFE ID,
 /// verified by mTLS. Any copy a client sends is removed first, so only aether sets it.
-pub const CLIENT_IDENTITY_HEADER: &str = "x-aether-client-identity";
+pub const CLIENT_IDENTITY_HEADER: HeaderName = HeaderName::from_static("x-aether-client-identity");
 
 /// Who a local pod is, for the mesh: its ServiceAccount comes from the cluster.
 pub trait Workloads: Send + Sync {

@@ -27,7 +27,7 @@ use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
 use crate::identity::ServiceAccount;
 use crate::listeners::PodInfo;
 use crate::mesh::{ServiceKey, Snapshot};
-use crate::metrics::RequestLabels;
+use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
 
 /// How long a connection to a target whose table is not on the node waits for it.
@@ -73,6 +73,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
                 mesh,
                 pod,
                 source: OnceLock::new(),
+                target_label: target.to_string(),
                 target,
                 port: original.port(),
             };
@@ -142,6 +143,8 @@ struct Connection {
     /// The pod's ServiceAccount, once known (it cannot change in a pod's life).
     source: OnceLock<ServiceAccount>,
     target: ServiceKey,
+    /// `target` as the metrics label, formatted once for the connection's requests.
+    target_label: String,
     port: u16,
 }
 
@@ -173,8 +176,8 @@ impl Connection {
         let served = self.route(request).await;
         self.mesh.metrics.request(
             RequestLabels {
-                direction: "outbound",
-                target: self.target.to_string(),
+                direction: Direction::Outbound,
+                target: self.target_label.clone(),
                 route: served.route,
                 backend: served.backend,
                 status: served.response.status().as_u16(),
@@ -312,6 +315,7 @@ impl Connection {
                     clients: self.clients.clone(),
                     source: self.source.clone(),
                     target: self.target.clone(),
+                    target_label: self.target_label.clone(),
                     port: self.port,
                 },
                 snapshot.clone(),
@@ -402,17 +406,12 @@ impl Connection {
     async fn send_plain(
         &self,
         to: SocketAddr,
-        mut parts: ::http::request::Parts,
+        parts: ::http::request::Parts,
         body: Body,
     ) -> Result<Response<Incoming>, String> {
         let http2 = parts.version == Version::HTTP_2;
-        parts.uri = absolute_uri(
-            &to.to_string(),
-            parts.uri.path_and_query().map(|p| p.as_str()),
-        )
-        .map_err(|e| e.to_string())?;
         self.clients
-            .plain(Request::from_parts(parts, body), http2)
+            .plain(to, Request::from_parts(parts, body), http2)
             .await
             .map_err(|e| e.to_string())
     }
@@ -450,7 +449,7 @@ impl Connection {
             FORWARD_HEADER,
             forward_value(endpoint.port(), parts.version),
         );
-        parts.uri = absolute_uri(host, parts.uri.path_and_query().map(|p| p.as_str()))
+        parts.uri = absolute_uri(host, std::mem::take(&mut parts.uri))
             .map_err(|e| format!("request authority {host:?}: {e}"))?;
         parts.version = Version::HTTP_2;
         conn.send(Request::from_parts(parts, body))
