@@ -42,12 +42,14 @@ impl EncodeLabelValue for Direction {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub direction: Direction,
-    /// The route target, `namespace/service` (empty inbound).
-    pub target: String,
+    /// The route target, `namespace/service` (empty inbound). Shared, as a connection's
+    /// requests all have the same.
+    pub target: Arc<str>,
     /// The route, `Kind/namespace/name` (empty when none applied).
     pub route: String,
-    /// The backend Service and port, `namespace/name:port`.
-    pub backend: String,
+    /// The backend Service and port, `namespace/name:port` (inbound: the pod,
+    /// `namespace/name`, shared by the connection's requests).
+    pub backend: Arc<str>,
     pub status: u16,
 }
 
@@ -250,7 +252,7 @@ mod tests {
         metrics.request(
             RequestLabels {
                 direction: Direction::Inbound,
-                target: String::new(),
+                target: "".into(),
                 route: String::new(),
                 backend: "shop/echo-v1-abc".into(),
                 status: 503,

@@ -61,7 +61,8 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
     let app = Arc::new(App {
         clients: plane.clients(&pod.netns),
         plane: plane.clone(),
-        label: format!("{}/{}", pod.pod.namespace, pod.pod.name),
+        label: format!("{}/{}", pod.pod.namespace, pod.pod.name).into(),
+        no_target: "".into(),
         pod,
         identity,
     });
@@ -85,7 +86,9 @@ struct App {
     clients: Arc<PodClients>,
     identity: HeaderValue,
     /// The pod as the metrics label, formatted once for the connection's requests.
-    label: String,
+    label: Arc<str>,
+    /// The empty route target label of inbound requests, allocated once.
+    no_target: Arc<str>,
 }
 
 impl App {
@@ -96,7 +99,7 @@ impl App {
             mesh.metrics.request(
                 RequestLabels {
                     direction: Direction::Inbound,
-                    target: String::new(),
+                    target: self.no_target.clone(),
                     route: String::new(),
                     backend: self.label.clone(),
                     status: response.status().as_u16(),

@@ -73,7 +73,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
                 mesh,
                 pod,
                 source: OnceLock::new(),
-                target_label: target.to_string(),
+                target_label: target.to_string().into(),
                 target,
                 port: original.port(),
             };
@@ -144,7 +144,7 @@ struct Connection {
     source: OnceLock<ServiceAccount>,
     target: ServiceKey,
     /// `target` as the metrics label, formatted once for the connection's requests.
-    target_label: String,
+    target_label: Arc<str>,
     port: u16,
 }
 
@@ -166,7 +166,7 @@ async fn serve_http(conn: Connection, stream: TcpStream) {
 /// What one request became, for the metrics.
 struct Served {
     route: String,
-    backend: String,
+    backend: Arc<str>,
     response: Response<Body>,
 }
 
@@ -208,7 +208,7 @@ impl Connection {
                 .route(self.port, &self.pod.pod.namespace, &view, fastrand::u64(..));
         let served = |route: String, response| Served {
             route,
-            backend: String::new(),
+            backend: Arc::from(""),
             response,
         };
         match outcome {
@@ -342,10 +342,10 @@ impl Connection {
         timeout: Option<Duration>,
     ) -> Served {
         let service = ServiceKey::new(&backend.namespace, &backend.name);
-        let label = backend.to_string();
-        let served = |response| Served {
+        let label: Arc<str> = backend.to_string().into();
+        let served = move |response| Served {
             route: String::new(),
-            backend: label.clone(),
+            backend: label,
             response,
         };
         let endpoints = snapshot.endpoints(&service, backend.port);
