@@ -221,9 +221,26 @@ async fn run() -> Result<()> {
         println!("{:<14} {}", name, levels.join(" / "));
     }
     if let (Ok(aether), Ok(pair)) = (figures("aether"), figures("nginx pair")) {
+        let ratio = |aether: &Figures, pair: &Figures| {
+            format!(
+                "{:.2}",
+                aether.saturation_rps / pair.saturation_rps.max(1.0)
+            )
+        };
+        let by_round = |path: &str| {
+            targets
+                .iter()
+                .position(|(name, _, _)| *name == path)
+                .map(|i| &rounds[i])
+        };
+        let per_round: Vec<String> = match (by_round("aether"), by_round("nginx pair")) {
+            (Some(a), Some(n)) => a.iter().zip(n).map(|(a, n)| ratio(a, n)).collect(),
+            _ => Vec::new(),
+        };
         println!(
-            "aether / nginx pair saturation: {:.2}",
-            aether.saturation_rps / pair.saturation_rps.max(1.0)
+            "aether / nginx pair saturation: {} (by round: {})",
+            ratio(aether, pair),
+            per_round.join(", ")
         );
     }
     println!("proxy RSS per captured pod: {rss}");
