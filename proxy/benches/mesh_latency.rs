@@ -227,16 +227,17 @@ async fn run() -> Result<()> {
                 aether.saturation_rps / pair.saturation_rps.max(1.0)
             )
         };
-        let by_round = |path: &str| {
+        let rounds_of = |path: &'static str| {
             targets
                 .iter()
-                .position(|(name, _, _)| *name == path)
-                .map(|i| &rounds[i])
+                .zip(&rounds)
+                .filter(move |((name, _, _), _)| *name == path)
+                .flat_map(|(_, figures)| figures)
         };
-        let per_round: Vec<String> = match (by_round("aether"), by_round("nginx pair")) {
-            (Some(a), Some(n)) => a.iter().zip(n).map(|(a, n)| ratio(a, n)).collect(),
-            _ => Vec::new(),
-        };
+        let per_round: Vec<String> = rounds_of("aether")
+            .zip(rounds_of("nginx pair"))
+            .map(|(a, n)| ratio(a, n))
+            .collect();
         println!(
             "aether / nginx pair saturation: {} (by round: {})",
             ratio(aether, pair),
