@@ -97,7 +97,7 @@ pub async fn run(
     config: Config,
     mut leader: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
-    ready: watch::Sender<bool>,
+    ready: watch::Sender<aether_admin::Readiness>,
 ) {
     let changes = Arc::new(Changes::default());
     let stores = Arc::new(Stores::start(&client, &changes));
@@ -105,7 +105,7 @@ pub async fn run(
         tracing::error!("watch caches never became ready");
         return;
     }
-    let _ = ready.send(true);
+    let _ = ready.send(Ok(()));
     let recorder = Recorder::new(
         client.clone(),
         Reporter {

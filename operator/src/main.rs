@@ -8,7 +8,7 @@ use std::sync::Arc;
 use aether_operator::ca::{self, CaConfig, ServiceAccountRef};
 use aether_operator::controller::{self, Config};
 use aether_operator::leader;
-use aether_operator::metrics::{self, Metrics};
+use aether_operator::metrics::Metrics;
 use anyhow::{Context, Result};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
@@ -80,8 +80,13 @@ async fn main() -> Result<()> {
         .context("starting the certificate authority")?;
 
     let metrics = Arc::new(Metrics::new());
-    let (ready_tx, ready) = watch::channel(false);
-    tokio::spawn(metrics::serve(args.metrics_addr, metrics.clone(), ready));
+    let (ready_tx, ready) = watch::channel(Err("watch caches not ready".to_string()));
+    let admin = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
+    tracing::info!(addr = %args.metrics_addr, "serving /healthz, /readyz and /metrics");
+    let scraped = metrics.clone();
+    tokio::spawn(aether_admin::serve(admin, move || scraped.text(), ready));
     let (leading_tx, leading) = watch::channel(false);
     tokio::spawn(leader::elect(
         client.clone(),

@@ -1,21 +1,13 @@
-//! Prometheus metrics and the health endpoints, served on one plain HTTP port.
+//! The operator's Prometheus metrics (served by `aether_admin` with the health endpoints).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 /// The two reconcile loops: `config` (derived RouteTargets, NodeConfigs: what the data
 /// plane reads) and `status` (RouteTarget and route status: what users read).
@@ -86,55 +78,13 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    fn text(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+    pub fn text(&self) -> String {
+        aether_admin::encode(&self.registry)
     }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-fn respond(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-}
-
-/// Serves `/healthz` (the process runs), `/readyz` (the watch caches are filled) and
-/// `/metrics` until the task is dropped.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    ready: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let (metrics, ready) = (metrics.clone(), ready.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let response = match req.uri().path() {
-                    "/healthz" => respond(StatusCode::OK, "ok\n".into()),
-                    "/readyz" if *ready.borrow() => respond(StatusCode::OK, "ok\n".into()),
-                    "/readyz" => respond(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "watch caches not ready\n".into(),
-                    ),
-                    "/metrics" => respond(StatusCode::OK, metrics.text()),
-                    _ => respond(StatusCode::NOT_FOUND, "not found\n".into()),
-                };
-                async move { Ok::<_, std::convert::Infallible>(response) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
     }
 }

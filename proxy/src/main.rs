@@ -18,7 +18,7 @@ use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
 use aether_proxy::identity::svid::{self, CaClient};
 use aether_proxy::identity::tls::{Certs, TrustStore};
 use aether_proxy::mesh::Snapshot;
-use aether_proxy::metrics::{self, Metrics};
+use aether_proxy::metrics::Metrics;
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
 use aether_proxy::{cni_kubeconfig, cni_server, netns};
 use anyhow::Context;
@@ -219,7 +219,12 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
     let admin = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
-    tokio::spawn(metrics::serve(admin, metrics.clone(), readiness));
+    let scraped = metrics.clone();
+    tokio::spawn(aether_admin::serve(
+        admin,
+        move || scraped.text(),
+        readiness,
+    ));
     let nft = args
         .nft_path
         .clone()

@@ -1,20 +1,14 @@
-//! The proxy's Prometheus metrics and its health endpoints, on one plain HTTP port.
+//! The proxy's Prometheus metrics (served by `aether_admin` with the health endpoints).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Direction {
@@ -181,55 +175,13 @@ impl Metrics {
     }
 
     pub fn text(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        aether_admin::encode(&self.registry)
     }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-fn respond(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-}
-
-/// Serves `/healthz` (the process runs), `/readyz` (`ready` holds `Ok`; else its reason) and
-/// `/metrics` until the task is dropped.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ready: watch::Receiver<Result<(), String>>,
-) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let (metrics, ready) = (metrics.clone(), ready.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let response = match req.uri().path() {
-                    "/healthz" => respond(StatusCode::OK, "ok\n".into()),
-                    "/readyz" => match &*ready.borrow() {
-                        Ok(()) => respond(StatusCode::OK, "ok\n".into()),
-                        Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-                    },
-                    "/metrics" => respond(StatusCode::OK, metrics.text()),
-                    _ => respond(StatusCode::NOT_FOUND, "not found\n".into()),
-                };
-                async move { Ok::<_, std::convert::Infallible>(response) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
     }
 }
 

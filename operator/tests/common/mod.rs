@@ -49,7 +49,7 @@ pub async fn setup(cluster: &Cluster) -> Result<kube::Client> {
 /// Runs the controller as leader until the returned task is aborted.
 pub fn start(client: kube::Client) -> tokio::task::JoinHandle<()> {
     let (leader_tx, leader) = watch::channel(true);
-    let (ready_tx, _ready) = watch::channel(false);
+    let (ready_tx, _ready) = watch::channel(Err("starting".to_string()));
     tokio::spawn(async move {
         let _leader = leader_tx;
         controller::run(
