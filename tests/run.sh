@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs aether's whole test suite: builds the workspace once, starts the local
-# cluster (tests/cluster/up.sh) for the integration tests, runs every test, and
-# takes the cluster down again (tests/cluster/down.sh), whether the tests passed
-# or not. Needs root: the cluster's nodes and pods are network namespaces.
+# cluster (tests/cluster/up.sh) for the integration tests, runs the upstream Gateway
+# API conformance suite (tests/gateway-conformance/run.sh) and every test of the
+# workspace, and takes the cluster down again (tests/cluster/down.sh), whether the
+# tests passed or not. Needs root: the cluster's nodes run in namespaces of this machine.
 # The cargo target directory and the cluster's builds are kept under $AETHER_CACHE
 # so a second run reuses them.
 set -euo pipefail
@@ -16,6 +17,9 @@ cargo build --workspace --all-targets
 trap 'tests/cluster/down.sh >/dev/null 2>&1 || echo "tests/cluster/down.sh failed" >&2' EXIT
 tests/cluster/up.sh
 tests/cluster/smoke.sh
+# The upstream Gateway API conformance suite, unmodified, against aether installed by Helm.
+tests/cluster/install.sh
+tests/gateway-conformance/run.sh
 cargo test --workspace
 # Teardown is part of the suite: down.sh fails naming anything of the cluster left behind.
 trap - EXIT

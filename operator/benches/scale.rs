@@ -1,6 +1,6 @@
 //! The operator at scale, against the local cluster's real API server: 100 namespaces,
 //! 5,000 Services, 1,000 HTTPRoutes (so 1,000 route targets), 20,000 Pods and 50 Nodes (API
-//! objects only: the pods are bound to nodes no simulator runs). Each namespace's pods run on
+//! objects only: the pods are bound to Nodes no kubelet runs). Each namespace's pods run on
 //! two nodes, as a team's workloads would. Prints the full-sync time, the time from an
 //! HTTPRoute change to the affected NodeConfigs (p50/p99), the peak RSS of this process
 //! (operator caches included), and the largest NodeConfig against the whole mesh.
@@ -296,7 +296,11 @@ async fn main() -> Result<()> {
     let cluster = Cluster::get().await?;
     let client = cluster.client.clone();
     cluster.apply(&cluster.paths.repo.join("charts/aether/crds"))?;
-    cluster.apply(&aether_e2e::conformance_dir().join("../gateway-api-crds"))?;
+    cluster.apply(
+        &aether_test_support::upstream::release()?
+            .api
+            .join("config/crd/standard"),
+    )?;
     // A run that failed half way leaves its objects; they would be measured with this one's.
     remove_bench_objects(&client).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());

@@ -7,7 +7,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use aether_crds::RouteTarget;
-use aether_e2e::{Cluster, conformance_dir};
+use aether_e2e::Cluster;
+use aether_test_support::upstream;
 use anyhow::Result;
 use common::{eventually, setup, start};
 use gateway_api::grpcroutes::GrpcRoute;
@@ -19,7 +20,7 @@ use serde_json::Value;
 type ManifestRoute = (String, String, String, Vec<(String, String)>);
 
 fn routes_of(manifest: &str) -> Result<Vec<ManifestRoute>> {
-    let text = std::fs::read_to_string(conformance_dir().join("manifests").join(manifest))?;
+    let text = std::fs::read_to_string(upstream::release()?.manifest(manifest))?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
     Ok(docs
         .iter()
@@ -108,14 +109,15 @@ async fn verdicts(
 async fn every_conformance_route_is_accepted_and_gets_route_targets() -> Result<()> {
     let cluster = Cluster::get().await?;
     let operator = start(setup(&cluster).await?);
-    let mut manifests: Vec<String> = std::fs::read_dir(conformance_dir().join("manifests"))?
+    let release = upstream::release()?;
+    let mut manifests: Vec<String> = std::fs::read_dir(release.conformance.join("tests/mesh"))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".yaml") && n != "manifests.yaml")
+        .filter(|n| n.ends_with(".yaml"))
         .collect();
     manifests.sort();
     let mut checked = 0;
     for manifest in &manifests {
-        let path = conformance_dir().join("manifests").join(manifest);
+        let path = release.manifest(manifest);
         cluster.apply(&path)?;
         for (kind, namespace, name, parents) in routes_of(manifest)? {
             let expected = parents.len();

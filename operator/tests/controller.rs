@@ -5,7 +5,8 @@
 mod common;
 
 use aether_crds::{NodeConfig, RouteTarget};
-use aether_e2e::{Cluster, conformance_dir};
+use aether_e2e::Cluster;
+use aether_test_support::upstream;
 use anyhow::{Context, Result};
 use common::{MESH, condition, eventually, route_condition, setup, start};
 use gateway_api::httproutes::HttpRoute;
@@ -19,7 +20,7 @@ async fn routes_become_route_targets_with_status_and_node_configs() -> Result<()
     let cluster = Cluster::get().await?;
     let operator = start(setup(&cluster).await?);
 
-    cluster.apply(&conformance_dir().join("manifests/mesh-split.yaml"))?;
+    cluster.apply(&upstream::release()?.manifest("mesh-split.yaml"))?;
     let targets: Api<RouteTarget> = Api::namespaced(cluster.client.clone(), MESH);
     let echo = eventually("RouteTarget echo accepted with both backends", || async {
         let Some(rt) = targets.get_opt("echo").await? else {

@@ -31,11 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aether_e2e::Cluster;
-use aether_e2e::cases::RouteRef;
 use aether_e2e::mesh::{
     Accounts, MESH_NS, client_pod, install, mesh_workloads, uninstall, unmesh_workloads,
     wait_accepted, wait_nodes_applied, wait_pods,
 };
+use aether_test_support::cases::RouteRef;
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -122,8 +122,8 @@ async fn run() -> Result<()> {
         "-o",
         "jsonpath={.spec.clusterIP}",
     ])?;
-    let client_netns = Cluster::netns(&client);
-    let server_netns = Cluster::netns(&server);
+    let client_netns = cluster.netns_of(&client, "echo")?;
+    let server_netns = cluster.netns_of(&server, "echo")?;
     let nginx = NginxPair::start(&client_netns, &server_netns, &server_ip)?;
     start_relays(&client_netns, &server_netns, &server_ip)?;
 

@@ -1,106 +1,21 @@
-//! Table test: every GAMMA mesh conformance case in `shared/conformance/cases.yaml`, decided
-//! by the route engine from the upstream manifests, checked on everything the engine decides:
-//! the backend Service (hence the serving pods), 404s and 500s, redirect status and
-//! `Location`, request and response headers, the path the backend sees, and weighted splits.
+//! Table test: every GAMMA mesh conformance case in `tests/gateway-conformance/cases.yaml`,
+//! decided by the route engine from the manifests of the pinned Gateway API release, checked
+//! on everything the engine decides: the backend Service (hence the serving pods), 404s and
+//! 500s, redirect status and `Location`, request and response headers, the path the backend
+//! sees, and weighted splits.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use aether_routing::table::BackendTarget;
 use aether_routing::{
     Outcome, RequestView, RouteSource, Router, ServiceInfo, ServiceKind, ServicePort, compile,
 };
+use aether_test_support::cases::{Case, Cases, Request, Test, Weighted};
+use aether_test_support::upstream::{self, Release};
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use http::HeaderMap;
-use serde::Deserialize;
 use serde_json::Value;
-
-fn conformance_dir() -> PathBuf {
-    std::env::var_os("AETHER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
-        .join("conformance")
-}
-
-#[derive(Deserialize)]
-struct Cases {
-    tests: Vec<Test>,
-    #[serde(default)]
-    unreleased_on_main: Vec<Test>,
-}
-
-#[derive(Deserialize)]
-struct Test {
-    short_name: String,
-    manifests: Vec<String>,
-    #[serde(default)]
-    client: Option<Client>,
-    cases: Vec<Case>,
-    #[serde(default)]
-    weighted: Option<Weighted>,
-}
-
-#[derive(Deserialize, Clone)]
-struct Client {
-    namespace: String,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    go_subtest_name: String,
-    #[serde(default)]
-    client: Option<Client>,
-    request: Request,
-    expect: Expect,
-}
-
-#[derive(Deserialize)]
-struct Request {
-    protocol: String,
-    url: String,
-    dial_host: String,
-    dial_port: u16,
-    #[serde(default)]
-    host_header: Option<String>,
-    #[serde(default)]
-    method: Option<String>,
-    #[serde(default)]
-    path: Option<String>,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
-    #[serde(default)]
-    metadata: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-struct Expect {
-    status: Vec<u16>,
-    backend_pod_prefix: Option<String>,
-    #[serde(default)]
-    backend_request_headers: BTreeMap<String, String>,
-    #[serde(default)]
-    backend_absent_request_headers: Vec<String>,
-    #[serde(default)]
-    response_headers: BTreeMap<String, String>,
-    #[serde(default)]
-    response_absent_headers: Vec<String>,
-    #[serde(default)]
-    intended_redirect_not_asserted: Option<IntendedRedirect>,
-    #[serde(default)]
-    intended_backend_path_not_asserted: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct IntendedRedirect {
-    location: String,
-}
-
-#[derive(Deserialize)]
-struct Weighted {
-    expected_fractions: BTreeMap<String, f64>,
-    tolerance_abs: f64,
-}
 
 /// The base infrastructure: Services, and which Deployment's pods each one selects.
 struct Mesh {
@@ -121,8 +36,8 @@ fn str_of<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
-fn load_mesh(dir: &std::path::Path) -> Mesh {
-    let docs = yaml_documents(&dir.join("manifests/manifests.yaml"));
+fn load_mesh(release: &Release) -> Mesh {
+    let docs = yaml_documents(&release.manifest("manifests.yaml"));
     let mut services = Vec::new();
     let mut selectors = Vec::new();
     let mut deployments = Vec::new();
@@ -195,10 +110,10 @@ fn without_nulls(v: &Value) -> Value {
 }
 
 /// Loads the routes of a test manifest through the gateway-api crate's types, checking
-/// that those types keep every field the v1.6.1 manifest uses.
-fn load_routes(dir: &std::path::Path, manifest: &str) -> Vec<RouteSource> {
+/// that those types keep every field the manifest uses.
+fn load_routes(release: &Release, manifest: &str) -> Vec<RouteSource> {
     let mut routes = Vec::new();
-    for (i, doc) in yaml_documents(&dir.join("manifests").join(manifest))
+    for (i, doc) in yaml_documents(&release.manifest(manifest))
         .into_iter()
         .enumerate()
     {
@@ -530,19 +445,17 @@ fn check_route_status(ctx: &Context<'_>, test: &Test) {
 
 #[test]
 fn every_mesh_conformance_case_the_engine_can_decide() {
-    let dir = conformance_dir();
-    let text = std::fs::read_to_string(dir.join("cases.yaml"))
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let cases: Cases = serde_saphyr::from_str(&text).expect("cases.yaml parses");
-    let mesh = load_mesh(&dir);
+    let release = upstream::release().expect("the pinned Gateway API release");
+    let cases = Cases::load().expect("cases.yaml");
+    let mesh = load_mesh(&release);
 
     let (mut checked, mut weighted, mut undecidable) = (0, 0, Vec::new());
     let mut total = 0;
-    for test in cases.tests.iter().chain(&cases.unreleased_on_main) {
+    for test in &cases.tests {
         let routes: Vec<RouteSource> = test
             .manifests
             .iter()
-            .flat_map(|m| load_routes(&dir, m))
+            .flat_map(|m| load_routes(&release, m))
             .collect();
         let ctx = Context {
             mesh: &mesh,
@@ -561,18 +474,14 @@ fn every_mesh_conformance_case_the_engine_can_decide() {
             weighted += 1;
         }
     }
-    let tests = cases.tests.len() + cases.unreleased_on_main.len();
+    let tests = cases.tests.len();
     println!(
         "conformance table: {tests} tests, {checked} of {total} cases checked, {weighted} weighted splits checked over 10000 requests"
     );
     for why in &undecidable {
         println!("  not decided by the engine: {why}");
     }
-    assert_eq!(
-        cases.tests.len(),
-        22,
-        "cases.yaml lists the 22 mesh tests of v1.6.1"
-    );
+    assert_eq!(cases.tests.len(), 22, "cases.yaml lists the 22 mesh tests");
     assert!(
         undecidable.len() <= 1,
         "only the pod-IP case is outside the engine: {undecidable:?}"

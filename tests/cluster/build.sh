@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages and builds the upstream binaries that aether's
-# local test cluster runs (see control-plane.sh):
-#   kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl
+# local test cluster runs (see control-plane.sh and nodes.sh):
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl
 #   (k8s.io/kubernetes, pinned in go/go.mod), etcd (the version Kubernetes pins,
-#   see go/cmd/etcd), coredns and helm.
+#   see go/cmd/etcd), coredns, helm, and the conformance echo app (istio-echo/go.mod).
 # Binaries go to $AETHER_BIN, Go's caches to $AETHER_CACHE/go. A stamp per pinned
 # version makes a second run take seconds.
 set -euo pipefail
@@ -11,17 +11,17 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
-COREDNS_VERSION=v1.15.0
 HELM_VERSION=v3.22.0
 
-# The CNI plugins, nftables, iptables, conntrack and iproute2 are for the node
-# network and kube-proxy; openssl makes the cluster's certificates.
-DEBIAN_PACKAGES=(containernetworking-plugins nftables iptables conntrack iproute2 openssl)
+# containerd, runc and tini (each node's subreaper) run the nodes' pods; the CNI plugins,
+# nftables, iptables, conntrack and iproute2 are for the node network and kube-proxy;
+# openssl makes the cluster's certificates; gcc builds the pause image's program, buildah
+# the images (tests/cluster/images.sh); busybox-static is the node shell image's.
+DEBIAN_PACKAGES=(containerd runc tini containernetworking-plugins nftables iptables conntrack
+    iproute2 openssl gcc libc6-dev buildah binutils busybox-static)
 
 GO_LDFLAGS_BASE="-s -w"
 
-export GOCACHE="$AETHER_CACHE/go/build"
-export GOMODCACHE="$AETHER_CACHE/go/mod"
 STAMPS="$AETHER_CACHE/stamps"
 
 log() { printf '[build %3ds] %s\n' "$SECONDS" "$*"; }
@@ -52,7 +52,7 @@ stamp_ok() {
 # build_kubernetes VERSION: the Kubernetes commands and etcd, from go/go.mod.
 build_kubernetes() {
     local version="$1"
-    local k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl)
+    local k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
     local bins=("${k8s_cmds[@]}" etcd)
     cd "$here/go"
     local staging key
@@ -83,19 +83,38 @@ build_kubernetes() {
     log "kubernetes $version built in $((SECONDS - start))s"
 }
 
+# build_istio_echo: the conformance echo app's server and client (istio-echo/go.mod),
+# static, into $AETHER_BIN/istio-echo.
+build_istio_echo() {
+    local key
+    cd "$here/istio-echo"
+    key="$(cat go.mod go.sum | sha256sum | cut -c1-16)"
+    if stamp_ok istio-echo "$key" istio-echo/server istio-echo/client; then
+        log "istio echo: up to date"
+        return
+    fi
+    log "building istio echo (server, client)"
+    local start=$SECONDS
+    CGO_ENABLED=0 go build -trimpath -ldflags "$GO_LDFLAGS_BASE" -o "$AETHER_BIN/istio-echo/" \
+        istio.io/istio/pkg/test/echo/cmd/server istio.io/istio/pkg/test/echo/cmd/client
+    echo "$key" > "$STAMPS/istio-echo"
+    log "istio echo built in $((SECONDS - start))s"
+}
+
 # go_install NAME VERSION PACKAGE LDFLAGS: builds PACKAGE@VERSION with its own
 # module's go.mod (coredns and helm need newer k8s.io libraries than the
 # cluster's, so they cannot share go/go.mod).
 go_install() {
     local name="$1" version="$2" pkg="$3" ldflags="$4"
-    if stamp_ok "$name" "$version" "$name"; then
+    local key="$version${CGO_ENABLED:+ CGO_ENABLED=$CGO_ENABLED}"
+    if stamp_ok "$name" "$key" "$name"; then
         log "$name $version: up to date"
         return
     fi
     log "building $name $version"
     local start=$SECONDS
     (cd / && GOBIN="$AETHER_BIN" go install -trimpath -ldflags "$ldflags" "$pkg@$version")
-    echo "$version" > "$STAMPS/$name"
+    echo "$key" > "$STAMPS/$name"
     log "$name $version built in $((SECONDS - start))s"
 }
 
@@ -106,7 +125,9 @@ main() {
     local k8s_version
     k8s_version="$(cd "$here/go" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
     build_kubernetes "$k8s_version"
-    go_install coredns "$COREDNS_VERSION" github.com/coredns/coredns "$GO_LDFLAGS_BASE"
+    # Static: the CoreDNS image holds nothing but this program.
+    CGO_ENABLED=0 go_install coredns "$COREDNS_VERSION" github.com/coredns/coredns "$GO_LDFLAGS_BASE"
+    build_istio_echo
     # Helm's offline default cluster version (helm template) is set to the cluster's.
     local kube_minor
     kube_minor="$(cut -d. -f2 <<<"$k8s_version")"

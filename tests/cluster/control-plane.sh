@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs a real Kubernetes control plane on this machine, without a container
-# runtime: etcd, kube-apiserver, kube-controller-manager and kube-scheduler as
-# background processes (binaries from build.sh, which `up` runs first).
+# Runs a real Kubernetes control plane on this machine: etcd, kube-apiserver,
+# kube-controller-manager and kube-scheduler as background processes (binaries from
+# build.sh, which `up` runs first). The nodes are nodes.sh's.
 #
 #   control-plane.sh up      build if needed, create certs once, start, wait until ready
 #   control-plane.sh status  show each process and the API server's /readyz
@@ -68,6 +68,10 @@ ensure_pki() {
         sign apiserver "/CN=kube-apiserver" "$SERVER_EXT\nsubjectAltName=$sans" ca
         echo "$sans" > "$PKI/apiserver.sans"
     fi
+    # The API server's identity towards kubelets (logs, exec, port-forward), bound to
+    # system:kubelet-api-admin once the server runs (see cmd_up).
+    [ -f "$PKI/apiserver-kubelet-client.crt" ] ||
+        sign apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client" "$CLIENT_EXT" ca
     local name
     for name in admin kube-controller-manager kube-scheduler kube-proxy; do
         write_kubeconfig "$name" "$API_URL"
@@ -105,14 +109,19 @@ args_of() {
             --requestheader-group-headers=X-Remote-Group \
             --requestheader-extra-headers-prefix=X-Remote-Extra- \
             --proxy-client-cert-file="$PKI/front-proxy-client.crt" \
-            --proxy-client-key-file="$PKI/front-proxy-client.key" ;;
+            --proxy-client-key-file="$PKI/front-proxy-client.key" \
+            --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+            --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+            --kubelet-certificate-authority="$PKI/ca.crt" \
+            --kubelet-preferred-address-types=InternalIP ;; # node names do not resolve here
         kube-controller-manager) local kc="$AETHER_STATE/kube-controller-manager.kubeconfig"; echo \
             --kubeconfig="$kc" --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc" \
             --bind-address=127.0.0.1 \
             --use-service-account-credentials=true \
             --service-account-private-key-file="$PKI/sa.key" \
             --root-ca-file="$PKI/ca.crt" \
-            --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" ;;
+            --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+            --node-monitor-grace-period=20s ;; # a stopped kubelet makes its node NotReady in 20 s, not 50
         kube-scheduler) local kc="$AETHER_STATE/kube-scheduler.kubeconfig"; echo \
             --kubeconfig="$kc" --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc" \
             --bind-address=127.0.0.1 ;;
@@ -213,6 +222,15 @@ cmd_up() {
     # The controllers exit if they start before the API server has created the
     # RBAC rules they need.
     wait_for "the API server's /readyz" kubectl get --raw /readyz
+    kubectl apply --server-side -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: aether:apiserver-kubelet-client
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:kubelet-api-admin}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}
+EOF
     start kube-controller-manager
     start kube-scheduler
     # Freshly renewed leases show both controllers connected and leading; the

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # The README's first command: aether, working, on this machine.
 #
-# Builds what is missing and starts the local cluster (up.sh: control plane, 2 nodes, DNS,
-# the GAMMA conformance echo workloads), installs aether with `helm install` from
-# charts/aether (install.sh), opts the conformance namespace in (aether.io/managed=true)
-# with one ServiceAccount per version, applies an HTTPRoute that splits `echo` 70/30
-# between echo-v1 and echo-v2, and sends requests from the echo-v1 pod through the mesh:
-# each line shows which backend answered, its identity, and the client identity the
-# backend saw (verified by mTLS). Idempotent; `tests/cluster/down.sh` stops everything.
+# Builds what is missing and starts the local cluster (up.sh: control plane, 2 nodes with
+# kubelet and containerd, DNS), installs aether with `helm install` from charts/aether
+# (install.sh), deploys demo.yaml (a namespace opted in with aether.io/managed=true, echo-v1
+# and echo-v2 under ServiceAccounts of their own, an HTTPRoute that splits `echo` 70/30
+# between them), and sends requests from the echo-v1 pod through the mesh with `kubectl
+# exec`: each line shows which backend answered, its ServiceAccount, and the caller identity
+# the backend saw (verified by mTLS). Idempotent; `tests/cluster/down.sh` stops everything.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
-NS=gateway-conformance-mesh
+NS=aether-demo
 REQUESTS="${AETHER_DEMO_REQUESTS:-20}"
 
 log() { printf '[demo] %s\n' "$*"; }
@@ -25,42 +25,10 @@ started=$SECONDS
 kubectl -n aether-system rollout status daemonset/aether-proxy --timeout=120s >/dev/null
 log "aether is running: operator (2 replicas) and one proxy per node"
 
-# Pods started before aether was there are not captured: opt the namespace in, give each
-# version its own identity, and let the Deployments roll so every pod goes through aether-cni.
-kubectl label namespace "$NS" aether.io/managed=true --overwrite >/dev/null
-stamp="$(date +%s)"
-for version in v1 v2; do
-    kubectl -n "$NS" create serviceaccount "echo-$version" --dry-run=client -o yaml |
-        kubectl apply --server-side -f - >/dev/null
-    # The stamp makes the pods roll even when the ServiceAccount is already set.
-    kubectl -n "$NS" patch deployment "echo-$version" --type=merge -p \
-        "{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"aether.io/demo\":\"$stamp\"}},\"spec\":{\"serviceAccountName\":\"echo-$version\"}}}}" >/dev/null
-done
+kubectl apply --server-side -f "$here/demo.yaml" >/dev/null
 for version in v1 v2; do
     kubectl -n "$NS" rollout status "deployment/echo-$version" --timeout=120s >/dev/null
 done
-
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: echo-split
-  namespace: $NS
-spec:
-  parentRefs:
-  - group: ""
-    kind: Service
-    name: echo
-    port: 80
-  rules:
-  - backendRefs:
-    - name: echo-v1
-      port: 80
-      weight: 70
-    - name: echo-v2
-      port: 80
-      weight: 30
-EOF
 # The operator derives the RouteTarget from the route; wait for it, then for it to be Accepted.
 for _ in $(seq 120); do
     kubectl -n "$NS" get routetarget echo >/dev/null 2>&1 && break
@@ -77,24 +45,26 @@ done
 log "HTTPRoute echo-split: echo:80 -> echo-v1 70%, echo-v2 30%"
 kubectl -n "$NS" get routetargets
 
-client_pod="$(kubectl -n "$NS" get pods -l app=echo,version=v1 -o jsonpath='{.items[0].metadata.name}')"
-uid="$(kubectl -n "$NS" get pod "$client_pod" -o jsonpath='{.metadata.uid}')"
-node="$(kubectl -n "$NS" get pod "$client_pod" -o jsonpath='{.spec.nodeName}')"
-pid="$(cat "$AETHER_STATE/nodes/$node/pods/$uid/echo.pid")"
+# The ServiceAccount of every pod, to show which identity served each request.
+accounts="$(kubectl -n "$NS" get pods -o jsonpath='{range .items[*]}{.metadata.name}={.spec.serviceAccountName}{"\n"}{end}')"
+client_pod="$(kubectl -n "$NS" get pods -l app=echo,version=v1 --field-selector=status.phase=Running \
+    -o jsonpath='{.items[0].metadata.name}')"
 log "$REQUESTS requests from pod $client_pod (ServiceAccount echo-v1) to http://echo/:"
-# `kubectl exec`, as the node simulator runs it: the pod's network, mount and UTS namespaces.
-nsenter -t "$pid" -n -m -u -- "$AETHER_RUST_BIN/aether-echo" client http://echo/ --count="$REQUESTS" |
-    awk -F'=' '
-        /^\[[0-9]+\] StatusCode=/ { status = $2 }
-        /^\[[0-9]+ body\] Hostname=/ { host = $2 }
-        /^\[[0-9]+ body\] ServiceAccount=/ { sa = $2 }
-        /^\[[0-9]+ body\] Identity=/ { id = $2 }
+kubectl -n "$NS" exec "$client_pod" -c echo -- client http://echo/ --count="$REQUESTS" |
+    awk -v accounts="$accounts" '
+        BEGIN {
+            n = split(accounts, lines, "\n")
+            for (i = 1; i <= n; i++) { split(lines[i], kv, "="); sa[kv[1]] = kv[2] }
+        }
+        /^\[[0-9]+\] StatusCode=/ { sub(/^[^=]*=/, ""); status = $0 }
+        /^\[[0-9]+ body\] Hostname=/ { sub(/^[^=]*=/, ""); host = $0 }
+        /^\[[0-9]+ body\] RequestHeader=X-Aether-Client-Identity:/ { sub(/^[^:]*:/, ""); id = $0 }
         /^$/ { if (host != "") show() }
         END { if (host != "") show(); summary() }
         function show() {
-            printf "  %s  served by %-28s (sa %s), which saw caller %s\n", status, host, sa, id
+            printf "  %s  served by %-28s (sa %s), which saw caller %s\n", status, host, sa[host], id
             split(host, parts, "-"); count[parts[1] "-" parts[2]]++; total++
-            host = ""; sa = ""; id = ""; status = ""
+            host = ""; id = ""; status = ""
         }
         function summary() {
             printf "split:"
@@ -109,5 +79,6 @@ aether is running in the local cluster (ready in $((SECONDS - started))s). Use k
   kubectl get routetargets -A          # route targets, their backends and status
   kubectl get nodeconfigs              # what each node's proxy applied
   kubectl -n aether-system get pods    # the operator and the node proxies
+  kubectl -n $NS logs deploy/echo-v1  # logs; kubectl exec and port-forward work too
 Stop everything: tests/cluster/down.sh
 EOF

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Takes the local cluster down completely: node simulators and kube-proxies, every
-# pod's processes and network namespace (and so its nft tables), the node
-# network, and the control plane with its data. Certificates and builds stay.
-# Then checks that none of it is left on the host, and fails naming what is.
+# Takes the local cluster down completely: every node (its containerd, kubelet, kube-proxy,
+# shims and containers, killed through its cgroups; with its mount namespace go the pods'
+# network namespaces and mounts), the node network, and the control plane with its data.
+# Certificates, builds and images stay. Then checks that none of it is left on the machine,
+# and fails naming what is.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -11,30 +12,45 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/nodes.sh" down
 "$here/network.sh" down
 "$here/control-plane.sh" down
-rm -rf "$AETHER_STATE/nodes"
+rm -rf "$AETHER_NODES_DIR"
 
-# The cluster's processes still running: the control plane, kube-proxy and CoreDNS (built
-# into $AETHER_BIN; kubectl and helm are the user's) and aether's programs that the nodes run
-# (the simulator, the pods' containers).
+# The cluster's processes still running: the control plane, the nodes' programs (kubelet,
+# kube-proxy, containerd and its shims, the subreaper, node-init.sh), CoreDNS and the echo
+# app, and aether's programs.
 cluster_processes() {
-    local exe link pid
+    local exe link pid cmdline
     for exe in /proc/[0-9]*/exe; do
         link="$(readlink "$exe" 2>/dev/null)" || continue
         pid="${exe#/proc/}"
-        case "${link#"$AETHER_BIN"/}" in
-            kube-apiserver | kube-controller-manager | kube-scheduler | kube-proxy | etcd | coredns) ;;
-            *) [[ "$link" == "$AETHER_TARGET"/*/aether-* ]] || continue ;;
+        pid="${pid%/exe}"
+        case "${link##*/}" in
+            kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy | etcd | \
+                containerd | containerd-shim* | runc | tini | coredns | pause | server | client | aether-*) ;;
+            bash)
+                cmdline="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+                [[ "$cmdline" == *node-init.sh* ]] || continue ;;
+            *) continue ;;
         esac
-        echo "process ${pid%/exe} (${link##*/})"
+        # Only ours: the programs of this cluster's builds and packages, not a namesake.
+        case "$link" in
+            "$AETHER_BIN"/* | "$AETHER_TARGET"/* | /usr/bin/containerd* | /usr/sbin/runc | /usr/bin/runc | \
+                /usr/bin/tini | /usr/bin/bash | /bin/bash | /coredns | /pause | /usr/local/bin/*) ;;
+            *) continue ;;
+        esac
+        echo "process $pid (${link##*/})"
     done
 }
 
 leftovers() {
-    ip netns list | awk '$1 ~ /^(pod-|node-)/ {print "network namespace " $1}'
+    ip netns list | awk '$1 ~ /^node-/ {print "network namespace " $1}'
     ip -o link show | awk -F': ' '$2 ~ /^(aether0|vh-node-)/ {print "link " $2}'
     ip route show | awk '$1 ~ /^10\.244\./ {print "route " $1}'
-    # Pods' and nodes' tables go with their namespaces; none belongs in the host's.
+    # Pods' and nodes' tables go with their namespaces; none belongs in the machine's.
     nft list tables 2>/dev/null | awk '$3 ~ /^(aether|kube-proxy)$/ {print "nft table " $2 " " $3}'
+    # Nothing of a node is mounted in the machine's mount namespace.
+    awk -v state="$AETHER_STATE" '$2 ~ "^" state || $2 ~ "^/run/(containerd|netns/cni-)" {print "mount " $2}' /proc/mounts
+    [ -f "$AETHER_STATE/mountpoints" ] && sed 's/^/mount point (not empty) /' "$AETHER_STATE/mountpoints"
+    find /sys/fs/cgroup -maxdepth 6 -type d -name 'aether-node-*' 2>/dev/null | sed 's/^/cgroup /'
     cluster_processes
 }
 

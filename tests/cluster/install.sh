@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs aether into the running local cluster (up.sh) from this repository's chart:
-# the Gateway API CRDs from ../shared/gateway-api-crds (the operator's watch caches, and so
-# its readiness, need them), then `helm upgrade --install` of the release `aether` into the
-# namespace aether-system (created if missing); waits until the operator Deployment is
-# Available.
+# Installs aether into the running local cluster (up.sh) from this repository's chart: the
+# standard-channel Gateway API CRDs of the release tests/gateway-conformance/go.mod pins (the
+# operator's watch caches, and so its readiness, need them), then `helm upgrade --install` of
+# the release `aether` into the namespace aether-system (created if missing); waits until
+# the operator Deployment is Available.
 # Idempotent: run again, it upgrades the release to the chart as it is now. Arguments go to
 # helm (e.g. --set ca.svidTTLSeconds=240).
 # Remove with `helm uninstall aether -n aether-system`.
@@ -20,10 +20,9 @@ kubectl() { "$AETHER_BIN/kubectl" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }
 helm() { "$AETHER_BIN/helm" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }
 
 started=$SECONDS
-gateway_crds="${AETHER_SHARED:-$here/../../../shared}/gateway-api-crds"
-if [ -d "$gateway_crds" ]; then
-    kubectl apply --server-side -f "$gateway_crds" >/dev/null
-fi
+# The standard channel of the Gateway API release the project tests against.
+gateway_api="$(gateway_api_dir sigs.k8s.io/gateway-api)"
+kubectl apply --server-side --force-conflicts -f "$gateway_api/config/crd/standard" >/dev/null
 # helm installs a chart's CRDs only when they are missing; applying them first also brings an
 # upgraded cluster's aether CRDs up to date.
 kubectl apply --server-side --force-conflicts -f "$here/../../charts/aether/crds" >/dev/null

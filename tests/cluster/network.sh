@@ -3,9 +3,9 @@
 #   - the underlay: a bridge aether0 with this host at 10.200.0.1/24;
 #   - node-<i> (i = 1..AETHER_NODES): a network namespace on the underlay at
 #     10.200.0.<10+i>, routing its pod CIDR 10.244.<i>.0/24 (the CNI bridge cni0
-#     inside it holds the pods) and reaching the other nodes' pods through them;
-#   - each node's CNI config: bridge + host-local, in the node's own /etc/cni/net.d
-#     ($AETHER_STATE/nodes/node-<i>/fs/etc/cni/net.d, see the node simulator).
+#     inside it holds the pods) and reaching the other nodes' pods through them.
+# Each node's CNI config (bridge + host-local in its pod CIDR) is one of the node's own
+# files, written by nodes.sh.
 #
 #   network.sh up     create what is missing (idempotent)
 #   network.sh down   delete the node namespaces (and so every link and nft table
@@ -16,38 +16,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 BRIDGE=aether0
-
-node_ip() { echo "10.200.0.$((10 + $1))"; }
-pod_cidr() { echo "10.244.$1.0/24"; }
-
-write_cni_config() {
-    local i="$1" dir="$AETHER_STATE/nodes/node-$1/fs/etc/cni/net.d"
-    mkdir -p "$dir"
-    # Written once, as a node's provisioning would: an installed plugin (aether-cni) chains
-    # itself into this file, and a second `up` must not take it out again.
-    [ -f "$dir/10-aether-node.conflist" ] && return 0
-    # hairpinMode lets a pod reach a Service whose endpoint is itself.
-    cat > "$dir/10-aether-node.conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "aether-node",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "hairpinMode": true,
-      "ipMasq": false,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "$(pod_cidr "$i")"}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
-      }
-    }
-  ]
-}
-EOF
-}
 
 cmd_up() {
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
@@ -73,14 +41,13 @@ cmd_up() {
             done
         fi
         ip route replace "$(pod_cidr "$i")" via "$(node_ip "$i")"
-        write_cni_config "$i"
     done
 }
 
 cmd_down() {
     local netns
-    # Pod namespaces first: killing their processes lets the nodes' links go.
-    for netns in $(ip netns list | awk '{print $1}' | grep -E '^(pod-|node-)' | sort -r); do
+    # The nodes are stopped first (nodes.sh down); what still runs in a node's network is killed.
+    for netns in $(ip netns list | awk '$1 ~ /^node-/ {print $1}'); do
         ip netns pids "$netns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
         ip netns delete "$netns"
     done

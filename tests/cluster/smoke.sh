@@ -47,7 +47,7 @@ deployment_makes_pods() {
     kubectl -n "$NS" create deployment web --image=registry.k8s.io/gateway-api/echo-advanced:v1.5.1 --replicas=2
     eventually 60 equals 1 count replicasets -l app=web
     eventually 60 equals 2 count pods -l app=web
-    # The scheduler bound both to nodes, whose simulators run them.
+    # The scheduler bound both to nodes, whose kubelets run them.
     eventually 60 equals 2 words field spec.nodeName
     eventually 60 equals 'Running Running' field status.phase
 }

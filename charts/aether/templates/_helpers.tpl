@@ -27,7 +27,7 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{ include "aether.selectorLabels" . }}
 {{- end }}
 
-{{/* An image reference: pass (dict "root" $ "image" .Values.x.image). */}}
+{{/* The reference of one of aether's images: pass (dict "root" $ "name" "proxy"). */}}
 {{- define "aether.image" -}}
-{{ .image.repository }}:{{ .image.tag | default .root.Chart.AppVersion }}
+{{ .root.Values.image.registry }}/{{ .name }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end }}

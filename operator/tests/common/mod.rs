@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aether_e2e::{Cluster, conformance_dir};
+use aether_e2e::Cluster;
 use aether_operator::controller::{self, Config};
 use aether_operator::metrics::Metrics;
+use aether_test_support::upstream;
 use anyhow::{Result, bail};
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -23,8 +24,9 @@ pub const MESH: &str = "gateway-conformance-mesh";
 /// Installs what the operator needs and returns a client with the operator's permissions.
 pub async fn setup(cluster: &Cluster) -> Result<kube::Client> {
     let repo = &cluster.paths.repo;
+    let release = upstream::release()?;
     cluster.apply(&repo.join("charts/aether/crds"))?;
-    cluster.apply(&conformance_dir().join("../gateway-api-crds"))?;
+    cluster.apply(&release.api.join("config/crd/standard"))?;
     cluster.kubectl(&[
         "wait",
         "--for=condition=Established",
@@ -33,7 +35,7 @@ pub async fn setup(cluster: &Cluster) -> Result<kube::Client> {
     ])?;
     let _ = cluster.kubectl(&["create", "namespace", INSTALL]);
     cluster.apply_text(&cluster.chart_template(INSTALL, "templates/operator-rbac.yaml")?)?;
-    cluster.apply(&conformance_dir().join("manifests/manifests.yaml"))?;
+    cluster.apply(&release.manifest("manifests.yaml"))?;
     for ns in [MESH, "gateway-conformance-mesh-consumer"] {
         cluster.kubectl(&[
             "label",

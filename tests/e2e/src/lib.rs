@@ -2,12 +2,15 @@
 //!
 //! [`Cluster::get`] makes sure the cluster is up (starting it with `tests/cluster/up.sh`
 //! once per test binary when it is not) and hands each test its own `kube::Client`.
-//! `tests/run.sh` takes the cluster down after the suite with `tests/cluster/down.sh`,
-//! which removes every process, network namespace, link and nft table it made, whether
-//! the tests passed or not.
+//! Everything goes through the Kubernetes API, as a user's tools do: commands in pods with
+//! `kubectl exec`, their output with `kubectl logs`, and a node's own view (its network
+//! namespaces, nft tables, CNI config) from a privileged shell pod on that node
+//! ([`Cluster::on_node`]). `tests/run.sh` takes the cluster down after the suite with
+//! `tests/cluster/down.sh`, which checks that nothing of it is left on the machine.
 
-pub mod cases;
+pub mod echo;
 pub mod mesh;
+pub mod node;
 pub mod stream;
 
 use std::path::{Path, PathBuf};
@@ -272,59 +275,142 @@ impl Cluster {
         }
     }
 
-    /// The pod's network namespace (named by the node simulator after the pod's uid).
-    pub fn netns(pod: &Pod) -> PathBuf {
-        PathBuf::from(format!(
-            "/var/run/netns/pod-{}",
-            pod.metadata.uid.as_deref().unwrap_or_default()
-        ))
-    }
-
-    /// The PID of a container's process, from its node's records.
-    pub fn container_pid(&self, pod: &Pod, container: &str) -> Result<u32> {
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .context("pod is not bound to a node")?;
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let file = self
-            .paths
-            .state
-            .join("nodes")
-            .join(node)
-            .join("pods")
-            .join(uid)
-            .join(format!("{container}.pid"));
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        Ok(text.trim().parse()?)
-    }
-
-    /// Runs a command inside a container: its network, mount and UTS namespaces, so it
-    /// sees the pod's resolv.conf and volumes, as `kubectl exec` would.
+    /// Runs `argv` in a container of a pod (`kubectl exec`); the output whatever its status.
     pub fn exec(&self, pod: &Pod, container: &str, argv: &[&str]) -> Result<Output> {
-        let pid = self.container_pid(pod, container)?;
-        Ok(Command::new("nsenter")
-            .arg("-t")
-            .arg(pid.to_string())
-            .args(["-n", "-m", "-u", "--"])
+        let (namespace, name) = names(pod)?;
+        let output = Command::new(&self.paths.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.paths.kubeconfig)
+            .args(["-n", namespace, "exec", name, "-c", container, "--"])
             .args(argv)
-            .output()?)
+            .output()?;
+        Ok(output)
     }
 
-    /// A workspace binary built by `tests/run.sh` (or `up.sh`).
-    pub fn program(&self, name: &str) -> PathBuf {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let cache = std::env::var_os("AETHER_CACHE")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| "/var/cache/aether".into());
-                cache.join("target")
-            });
-        target.join("debug").join(name)
+    /// What a container of a pod wrote (`kubectl logs`).
+    pub fn logs(&self, pod: &Pod, container: &str) -> Result<String> {
+        let (namespace, name) = names(pod)?;
+        self.kubectl(&["-n", namespace, "logs", name, "-c", container])
     }
+
+    /// Runs `argv` on `node`, as root in the node's own namespaces and with its files (a
+    /// privileged host-network shell pod on the node, chrooted into the node's root).
+    pub fn on_node(&self, node: &str, argv: &[&str]) -> Result<Output> {
+        let shell = node::shell(self, node)?;
+        // The node's env finds the node's programs: busybox would run its own applets.
+        let mut command = vec!["chroot", "/host", "/usr/bin/env"];
+        command.extend(argv);
+        self.exec(&shell, "shell", &command)
+    }
+
+    /// [`Cluster::on_node`] that must succeed; its stdout.
+    pub fn on_node_ok(&self, node: &str, argv: &[&str]) -> Result<String> {
+        let output = self.on_node(node, argv)?;
+        if !output.status.success() {
+            bail!(
+                "on {node}: {} failed ({}): {}{}",
+                argv.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// The name of a pod's network namespace on its node (under the node's /run/netns, where
+    /// containerd made it), found by the pod's address; `None` when no namespace has it.
+    pub fn pod_netns(&self, pod: &Pod) -> Result<Option<String>> {
+        let ip = pod_ip(pod)?;
+        let script = format!(
+            "for n in $(ip netns list | cut -d' ' -f1); do \
+             ip -n \"$n\" -o addr show | grep -q ' {ip}/' && echo \"$n\"; done; true"
+        );
+        let found = self.on_node_ok(&node_of(pod)?, &["sh", "-c", &script])?;
+        Ok(found.lines().next().map(str::to_owned))
+    }
+
+    /// The process of a container, as this machine numbers it (the nodes share its PID
+    /// namespace), from the node's containerd. For benchmarks that put load into a pod's
+    /// network from this machine ([`Cluster::netns_of`]) or read a process's resources; tests
+    /// go through the API.
+    pub fn container_pid(&self, pod: &Pod, container: &str) -> Result<u32> {
+        let id = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| c.name == container)
+            .and_then(|c| c.container_id.as_deref())
+            .and_then(|id| id.strip_prefix("containerd://"))
+            .with_context(|| format!("pod {:?} has no running {container}", pod.metadata.name))?
+            .to_owned();
+        let tasks = self.on_node_ok(
+            &node_of(pod)?,
+            &[
+                "ctr",
+                "--address",
+                "/run/containerd/containerd.sock",
+                "-n",
+                "k8s.io",
+                "tasks",
+                "ls",
+            ],
+        )?;
+        tasks
+            .lines()
+            .find_map(|line| {
+                let mut words = line.split_whitespace();
+                (words.next() == Some(id.as_str())).then(|| words.next()?.parse().ok())?
+            })
+            .with_context(|| format!("containerd lists no task {id}"))
+    }
+
+    /// A pod's network namespace as this machine reaches it (through the process of its
+    /// container `container`); see [`Cluster::container_pid`].
+    pub fn netns_of(&self, pod: &Pod, container: &str) -> Result<PathBuf> {
+        Ok(PathBuf::from(format!(
+            "/proc/{}/ns/net",
+            self.container_pid(pod, container)?
+        )))
+    }
+
+    /// `nft ARGS` in a pod's network namespace, run on its node.
+    pub fn nft_in_pod(&self, pod: &Pod, args: &[&str]) -> Result<Output> {
+        let netns = self
+            .pod_netns(pod)?
+            .with_context(|| format!("no network namespace holds pod {:?}", pod.metadata.name))?;
+        let mut argv = vec!["ip", "netns", "exec", &netns, "nft"];
+        argv.extend(args);
+        self.on_node(&node_of(pod)?, &argv)
+    }
+}
+
+fn names(pod: &Pod) -> Result<(&str, &str)> {
+    Ok((
+        pod.metadata
+            .namespace
+            .as_deref()
+            .context("pod without namespace")?,
+        pod.metadata.name.as_deref().context("pod without name")?,
+    ))
+}
+
+/// The node a pod is bound to.
+pub fn node_of(pod: &Pod) -> Result<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .with_context(|| format!("pod {:?} is not bound to a node", pod.metadata.name))
+}
+
+/// A pod's address.
+pub fn pod_ip(pod: &Pod) -> Result<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .with_context(|| format!("pod {:?} has no IP", pod.metadata.name))
 }
 
 pub fn is_ready(pod: &Pod) -> bool {
@@ -332,12 +418,4 @@ pub fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The conformance data shipped beside the repository (`../shared/conformance`).
-pub fn conformance_dir() -> PathBuf {
-    std::env::var_os("AETHER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("conformance")
 }

@@ -8,11 +8,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
-use aether_echo::report::Exchange;
+use aether_test_support::cases::RouteRef;
+use aether_test_support::upstream;
 
-use crate::cases::{RouteRef, deployment_of};
+use crate::echo::{self, Exchange, deployment_of};
 use crate::{Cluster, is_ready};
 
+/// The echo app of the conformance manifests (Istio's echo server and client).
+pub const ECHO_IMAGE: &str = "registry.k8s.io/gateway-api/echo-advanced:v1.5.1";
 pub const MESH_NS: &str = "gateway-conformance-mesh";
 pub const CONSUMER_NS: &str = "gateway-conformance-mesh-consumer";
 pub const TRUST_DOMAIN: &str = "cluster.local";
@@ -66,9 +69,11 @@ pub async fn uninstall(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// Labels both namespaces managed and (re)starts their workloads under `accounts`, so every
-/// pod goes through the CNI chain with aether in it.
+/// Applies the conformance base manifests of the pinned Gateway API release (namespaces,
+/// echo Deployments and Services), labels both namespaces managed and (re)starts their
+/// workloads under `accounts`, so every pod goes through the CNI chain with aether in it.
 pub async fn mesh_workloads(cluster: &Cluster, accounts: Accounts) -> Result<()> {
+    cluster.apply(&upstream::release()?.manifest("manifests.yaml"))?;
     for ns in [MESH_NS, CONSUMER_NS] {
         cluster.kubectl(&[
             "label",
@@ -241,35 +246,41 @@ pub async fn client_pod(cluster: &Cluster, ns: &str, selector: &str) -> Result<P
         .with_context(|| format!("no Ready pod {selector} in {ns}"))
 }
 
-/// Runs the echo client in the client pod's container namespaces.
+/// Runs the conformance echo client in the client pod (`kubectl exec`, as the upstream suite
+/// does). The client exits non-zero when a request gets no answer (refused, reset, timed out):
+/// that is an error here, with what it printed.
 pub async fn client(cluster: &Cluster, pod: &Pod, args: &[String]) -> Result<Vec<Exchange>> {
-    let program = cluster.program("aether-echo");
-    let mut argv = vec![program.to_string_lossy().into_owned(), "client".to_string()];
-    argv.extend(args.iter().cloned());
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let output = cluster.exec(pod, "echo", &argv)?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    aether_echo::report::parse(&stdout).map_err(|e| {
-        anyhow::anyhow!(
-            "unreadable client output ({e}): {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+    tokio::task::block_in_place(|| run_client(cluster, pod, args))
 }
 
-/// Leaves the workloads as `tests/cluster/up.sh` made them, for the tests that run next.
+/// [`client`], blocking the calling thread (for several clients at once on threads of their own).
+pub fn run_client(cluster: &Cluster, pod: &Pod, args: &[String]) -> Result<Vec<Exchange>> {
+    let mut argv = vec!["client"];
+    argv.extend(args.iter().map(String::as_str));
+    let output = cluster.exec(pod, "echo", &argv)?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!(
+            "client {} failed ({}): {}{}",
+            args.join(" "),
+            output.status,
+            stdout,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(echo::parse(&stdout))
+}
+
+/// Takes the conformance workloads away again (the next test applies them anew).
 pub fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
-    for ns in [MESH_NS, CONSUMER_NS] {
-        cluster.kubectl(&["label", "namespace", ns, "aether.io/managed-"])?;
-    }
-    for (ns, deployment) in [
-        (MESH_NS, "echo-v1"),
-        (MESH_NS, "echo-v2"),
-        (CONSUMER_NS, "echo-v1"),
-    ] {
-        let patch = json!({"spec": {"template": {"spec": {"serviceAccountName": "default"}}}});
-        cluster.patch(ns, &format!("deployment/{deployment}"), "merge", &patch)?;
-        cluster.rollout_status(ns, &format!("deployment/{deployment}"))?;
-    }
+    cluster.kubectl(&[
+        "delete",
+        "namespace",
+        MESH_NS,
+        CONSUMER_NS,
+        "--ignore-not-found",
+        "--wait",
+        "--timeout=180s",
+    ])?;
     Ok(())
 }

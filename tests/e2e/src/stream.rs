@@ -1,22 +1,29 @@
 //! A steady stream of requests through the mesh, for the tests that break or rotate things
-//! around it: from the `echo-v1` pod of the mesh namespace to the `mesh-split` route target's
-//! `/v2` (capture, both proxies, mTLS), checked request by request at the end.
+//! around it: a meshed pod of its own in the mesh namespace (ServiceAccount `stream`) runs the
+//! echo client against the `mesh-split` route target's `/v2` (capture, both proxies, mTLS).
+//! It is a pod, not a `kubectl exec`, so that it goes on while the API server is down; its
+//! answers are read from its log at the end, request by request.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use aether_test_support::cases::RouteRef;
+use aether_test_support::upstream;
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use serde_json::Value;
 
 use crate::Cluster;
-use crate::cases::RouteRef;
-use crate::mesh::{MESH_NS, TRUST_DOMAIN, client_pod, wait_accepted, wait_nodes_applied};
+use crate::echo;
+use crate::mesh::{ECHO_IMAGE, MESH_NS, TRUST_DOMAIN, wait_accepted, wait_nodes_applied};
+
+const POD: &str = "stream";
 
 /// Applies the conformance `mesh-split` route (echo: `/v1` to echo-v1, `/v2` to echo-v2) and
 /// waits until every node has it. Returns its manifest, to delete it afterwards.
 pub async fn apply_split(cluster: &Cluster) -> Result<PathBuf> {
-    let split = crate::conformance_dir().join("manifests/mesh-split.yaml");
+    let split = upstream::release()?.manifest("mesh-split.yaml");
     cluster.apply(&split)?;
     let route = RouteRef {
         kind: "HTTPRoute".into(),
@@ -30,91 +37,142 @@ pub async fn apply_split(cluster: &Cluster) -> Result<PathBuf> {
 }
 
 pub struct Stream {
-    child: Child,
+    pods: Api<Pod>,
     count: u64,
+    length: Duration,
 }
 
 impl Stream {
-    /// Starts `qps` requests a second for `length`, in the client pod's namespaces.
+    /// Starts `qps` requests a second for `length` from a new pod, once it runs.
     pub async fn start(cluster: &Cluster, length: Duration, qps: u64) -> Result<Stream> {
-        let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
         let count = length.as_secs() * qps;
-        let pid = cluster.container_pid(&pod, "echo")?.to_string();
-        let child = Command::new("nsenter")
-            .args(["-t", &pid, "-n", "-m", "-u", "--"])
-            .arg(cluster.program("aether-echo"))
-            .args(["client", "http://echo/v2", "--timeout", "5s"])
-            .args(["--count", &count.to_string(), "--qps", &qps.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the echo client")?;
-        Ok(Stream { child, count })
+        // The client's timeout bounds the whole run, not one request.
+        let timeout = format!("{}s", length.as_secs() + 60);
+        cluster.apply_text(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {POD}, namespace: {MESH_NS}}}\n"
+        ))?;
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MESH_NS);
+        if pods.get_opt(POD).await?.is_some() {
+            pods.delete(POD, &DeleteParams::default()).await?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while pods.get_opt(POD).await?.is_some() {
+                if Instant::now() > deadline {
+                    bail!("the previous stream pod is not gone");
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        let manifest = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": POD, "namespace": MESH_NS, "labels": {"app": "stream"}},
+            "spec": {
+                "serviceAccountName": POD,
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "client", "image": ECHO_IMAGE, "command": ["client"],
+                    "args": ["http://echo/v2", "--count", count.to_string(), "--qps", qps.to_string(), "--timeout", timeout],
+                }],
+            },
+        });
+        cluster.apply_text(&manifest.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let phase = phase(&pods.get(POD).await?);
+            if phase != "Pending" {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the stream pod did not start within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(Stream {
+            pods,
+            count,
+            length,
+        })
     }
 
     /// Waits for the end of the stream and checks that every request was answered 200 by
-    /// echo-v2, which saw the client's SPIFFE ID. Returns the number of requests.
-    pub async fn expect_all_served(self) -> Result<usize> {
-        let Stream { child, count } = self;
-        let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let exchanges = aether_echo::report::parse(&stdout)
-            .map_err(|e| anyhow::anyhow!("unreadable client output: {e}"))?;
-        let expected = format!("spiffe://{TRUST_DOMAIN}/ns/{MESH_NS}/sa/echo-v1");
+    /// echo-v2, which saw the stream pod's SPIFFE ID. Returns the number of requests.
+    pub async fn expect_all_served(self, cluster: &Cluster) -> Result<usize> {
+        let Stream {
+            pods,
+            count,
+            length,
+        } = self;
+        let deadline = Instant::now() + length + Duration::from_secs(120);
+        let pod = loop {
+            let pod = pods.get(POD).await?;
+            if matches!(phase(&pod).as_str(), "Succeeded" | "Failed") {
+                break pod;
+            }
+            if Instant::now() > deadline {
+                bail!("the stream pod did not finish");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        let log = cluster.logs(&pod, "client")?;
+        let exchanges = echo::parse(&log);
+        let expected = format!("spiffe://{TRUST_DOMAIN}/ns/{MESH_NS}/sa/{POD}");
         let failed: Vec<String> = exchanges
             .iter()
             .filter(|e| {
-                e.error.is_some()
-                    || e.status != Some(200)
+                e.status != Some(200)
                     || !e.body.hostname.starts_with("echo-v2")
-                    || e.body.identity.as_deref() != Some(expected.as_str())
+                    || e.body.identity().as_deref() != Some(expected.as_str())
             })
-            .map(|e| {
-                format!(
-                    "#{}: {:?} {:?} {:?}",
-                    e.index, e.status, e.error, e.body.hostname
-                )
-            })
+            .map(|e| format!("#{}: {:?} {:?}", e.index, e.status, e.body.hostname))
             .collect();
-        if !output.status.success() || exchanges.len() as u64 != count || !failed.is_empty() {
+        let succeeded = phase(&pod) == "Succeeded";
+        pods.delete(POD, &DeleteParams::default()).await?;
+        if !succeeded || exchanges.len() as u64 != count || !failed.is_empty() {
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
             bail!(
-                "the stream saw failures ({} of {count} answered; exit {}): {:?}\n{}",
+                "the stream saw failures ({} of {count} answered; client {}): {:?}; last lines: {tail:?}",
                 exchanges.len(),
-                output.status,
+                if succeeded { "succeeded" } else { "failed" },
                 failed.iter().take(10).collect::<Vec<_>>(),
-                String::from_utf8_lossy(&output.stderr)
             );
         }
         Ok(exchanges.len())
     }
 }
 
-/// SVIDs the node proxies obtained so far, from their `/metrics` (on each node's address).
+fn phase(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+/// SVIDs the node proxies obtained so far, from each proxy's `/metrics` (through the API
+/// server's proxy to the pod's admin port).
 pub fn svids_issued(cluster: &Cluster) -> Result<u64> {
-    let nodes = cluster.kubectl(&[
+    let text = cluster.kubectl(&[
+        "-n",
+        "aether-system",
         "get",
-        "nodes",
+        "pods",
+        "-l",
+        crate::mesh::PROXY_PODS,
         "-o",
-        "jsonpath={range .items[*]}{.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}",
+        "json",
     ])?;
+    let list: Value = serde_json::from_str(&text)?;
     let mut total = 0;
-    for ip in nodes.lines().filter(|l| !l.is_empty()) {
-        let text = http_get(&format!("{ip}:15020"), "/metrics")?;
-        total += text
+    for pod in list["items"].as_array().context("pod list")? {
+        let name = pod["metadata"]["name"].as_str().context("pod name")?;
+        let metrics = cluster.kubectl(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/aether-system/pods/{name}:15020/proxy/metrics"),
+        ])?;
+        total += metrics
             .lines()
             .filter(|l| l.starts_with("aether_proxy_svid_requests_total{result=\"ok\"}"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum::<u64>();
     }
     Ok(total)
-}
-
-fn http_get(addr: &str, path: &str) -> Result<String> {
-    let mut stream =
-        std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
 }

@@ -131,9 +131,10 @@ fn the_schema_refuses_bad_values_with_a_clear_message() -> Result<()> {
             "additional properties 'trustDomains' not allowed",
         ),
         ("proxy.ports.admin=70000", "at '/proxy/ports/admin'"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
         (
-            "operator.image.pullPolicy=Sometimes",
-            "at '/operator/image/pullPolicy'",
+            "image.registry=registry.example.com/",
+            "at '/image/registry'",
         ),
         ("ca.existingSecret=Not_A_Name", "at '/ca/existingSecret'"),
     ] {
@@ -143,6 +144,29 @@ fn the_schema_refuses_bad_values_with_a_clear_message() -> Result<()> {
                 && error.contains(message),
             "--set {set}: expected {message:?} in:\n{error}"
         );
+    }
+    Ok(())
+}
+
+#[test]
+fn every_image_comes_from_the_registry_value() -> Result<()> {
+    let objects = render(&[
+        "image.registry=registry.example.com:5000/mesh",
+        "image.tag=0.1.0-rc1",
+        "image.pullPolicy=Always",
+    ])?;
+    let proxy = &find(&objects, "DaemonSet", "aether-proxy")?["spec"]["template"]["spec"];
+    let operator = &find(&objects, "Deployment", "aether-operator")?["spec"]["template"]["spec"];
+    for (image, want) in [
+        (container(proxy, "initContainers", "install-cni")?, "cni"),
+        (container(proxy, "containers", "proxy")?, "proxy"),
+        (container(operator, "containers", "operator")?, "operator"),
+    ] {
+        assert_eq!(
+            image["image"],
+            format!("registry.example.com:5000/mesh/{want}:0.1.0-rc1")
+        );
+        assert_eq!(image["imagePullPolicy"], "Always");
     }
     Ok(())
 }
@@ -190,7 +214,7 @@ fn the_init_container_chains_aether_cni_into_the_node_config() -> Result<()> {
     let objects = render(&[])?;
     let pod = &find(&objects, "DaemonSet", "aether-proxy")?["spec"]["template"]["spec"];
     let install = container(pod, "initContainers", "install-cni")?;
-    assert_eq!(install["image"], "aether/cni:0.1.0");
+    assert_eq!(install["image"], "localhost/aether/cni:0.1.0");
     let argv: Vec<&str> = strings(&install["command"])
         .into_iter()
         .chain(strings(&install["args"]))
@@ -249,7 +273,7 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
     let objects = render(&[])?;
     let pod = &find(&objects, "DaemonSet", "aether-proxy")?["spec"]["template"]["spec"];
     let proxy = container(pod, "containers", "proxy")?;
-    assert_eq!(proxy["image"], "aether/proxy:0.1.0");
+    assert_eq!(proxy["image"], "localhost/aether/proxy:0.1.0");
     let argv: Vec<&str> = strings(&proxy["command"])
         .into_iter()
         .chain(strings(&proxy["args"]))
@@ -318,7 +342,7 @@ fn the_operator_is_highly_available() -> Result<()> {
     assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
 
     let operator = container(pod, "containers", "operator")?;
-    assert_eq!(operator["image"], "aether/operator:0.1.0");
+    assert_eq!(operator["image"], "localhost/aether/operator:0.1.0");
     let args = strings(&operator["args"]);
     for arg in [
         "--trust-domain=cluster.local",

@@ -3,8 +3,11 @@
 //! shown with the backend that served it and the caller identity that backend saw.
 
 use aether_e2e::Cluster;
-use aether_e2e::mesh::{MESH_NS, TRUST_DOMAIN, uninstall, unmesh_workloads};
+use aether_e2e::mesh::{TRUST_DOMAIN, uninstall};
 use anyhow::{Result, bail};
+
+/// The namespace demo.yaml deploys.
+const DEMO_NS: &str = "aether-demo";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_command_shows_the_split_with_identities() -> Result<()> {
@@ -20,7 +23,7 @@ async fn the_first_command_shows_the_split_with_identities() -> Result<()> {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let caller = format!("saw caller spiffe://{TRUST_DOMAIN}/ns/{MESH_NS}/sa/echo-v1");
+    let caller = format!("saw caller spiffe://{TRUST_DOMAIN}/ns/{DEMO_NS}/sa/echo-v1");
     let served: Vec<&str> = stdout.lines().filter(|l| l.contains("served by")).collect();
     let by = |version: &str| {
         served
@@ -48,8 +51,7 @@ async fn the_first_command_shows_the_split_with_identities() -> Result<()> {
         bail!("no summary or stop instructions:\n{stdout}");
     }
 
-    cluster.kubectl(&["-n", MESH_NS, "delete", "httproute", "echo-split", "--wait"])?;
+    cluster.kubectl(&["delete", "namespace", DEMO_NS, "--wait"])?;
     uninstall(&cluster).await?;
-    unmesh_workloads(&cluster)?;
     Ok(())
 }

@@ -60,7 +60,7 @@ async fn traffic_survives_an_api_server_outage_and_svid_renewal() -> Result<()> 
     }
     eprintln!("the API server is back after {:?}", outage.elapsed());
 
-    let served = stream.expect_all_served().await?;
+    let served = stream.expect_all_served(&cluster).await?;
     let issued_after = svids_issued(&cluster)?;
     // Each ServiceAccount on each node is renewed about once in the stream (at half of 240 s);
     // far more would be a renewal loop.

@@ -9,9 +9,7 @@
 use std::time::{Duration, Instant};
 
 use aether_e2e::Cluster;
-use aether_e2e::mesh::{
-    Accounts, MESH_NS, client_pod, install, mesh_workloads, uninstall, unmesh_workloads,
-};
+use aether_e2e::mesh::{Accounts, MESH_NS, install, mesh_workloads, uninstall, unmesh_workloads};
 use aether_e2e::stream::{Stream, apply_split};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -104,7 +102,7 @@ async fn traffic_survives_a_root_rotation() -> Result<()> {
     if started.elapsed() > STREAM {
         bail!("the rotation outlasted the stream; it proves nothing about traffic during it");
     }
-    let served = stream.expect_all_served().await?;
+    let served = stream.expect_all_served(&cluster).await?;
     eprintln!("{served} requests, none failed, through a root rotation");
 
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
@@ -155,10 +153,9 @@ fn new_root() -> Result<(String, String)> {
 }
 
 /// The issuer of the SVID each echo pod of the mesh namespace presents on its inbound port,
-/// read with `openssl s_client` from the client pod (the handshake itself then fails: the
-/// port wants a client SVID).
+/// read with `openssl s_client` from a node (the handshake itself then fails: the port wants
+/// a client SVID).
 async fn presented_issuers(cluster: &Cluster) -> Result<Vec<(String, String)>> {
-    let from = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MESH_NS);
     let mut out = Vec::new();
     for pod in pods.list(&ListParams::default().labels("app=echo")).await? {
@@ -171,7 +168,7 @@ async fn presented_issuers(cluster: &Cluster) -> Result<Vec<(String, String)>> {
         let script = format!(
             "openssl s_client -connect {ip}:15008 </dev/null 2>/dev/null | openssl x509 -noout -issuer"
         );
-        let output = cluster.exec(&from, "echo", &["sh", "-c", &script])?;
+        let output = cluster.on_node("node-1", &["sh", "-c", &script])?;
         out.push((
             name,
             String::from_utf8_lossy(&output.stdout).trim().to_owned(),

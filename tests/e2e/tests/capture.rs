@@ -1,0 +1,342 @@
+//! Proof that aether captures for real, as a user would check it on their cluster, through the
+//! Kubernetes API only (commands in pods, and a shell pod on each node for its network
+//! namespaces and CNI config):
+//! - with every proxy stopped, a request to a route target fails closed, a new meshed pod
+//!   waits in ContainerCreating with aether-cni's error in its Events, and both recover by
+//!   themselves once the proxies are back (which also remove the nodes' not-ready taint);
+//! - a pod's nft table deleted by hand and aether-cni's entry dropped from a node's CNI config
+//!   are put back by the node's proxy, with an Event;
+//! - strict mTLS refuses plaintext into meshed pods, running ones and new ones;
+//! - `helm uninstall` leaves no table in any pod and no aether-cni on any node, and pods
+//!   keep working unmeshed.
+
+use std::time::{Duration, Instant};
+
+use aether_crds::well_known::{AGENT_NOT_READY_TAINT, MTLS_LABEL, MTLS_STRICT};
+use aether_e2e::mesh::{
+    Accounts, CONSISTENCY_TIMEOUT, CONSUMER_NS, ECHO_IMAGE, MESH_NS, PROXY_PODS, client,
+    client_pod, install, mesh_workloads, uninstall, unmesh_workloads, wait_nodes_applied,
+    wait_pods,
+};
+use aether_e2e::stream::apply_split;
+use aether_e2e::{Cluster, is_ready, pod_ip};
+use anyhow::{Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+use serde_json::{Value, json};
+
+const FAILURE_DELAY: Duration = Duration::from_secs(1);
+/// The node's primary network config, which aether-cni chains itself into.
+const CONFLIST: &str = "/etc/cni/net.d/10-aether-node.conflist";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_fails_closed_repairs_itself_is_strict_and_uninstalls_cleanly() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    install(&cluster, &[]).await?;
+    mesh_workloads(&cluster, Accounts::PerVersion).await?;
+    fails_closed_without_proxies(&cluster).await?;
+    repairs_drift(&cluster).await?;
+    strict_mode_refuses_plaintext(&cluster).await?;
+    uninstall_leaves_nothing(&cluster).await?;
+    unmesh_workloads(&cluster)?;
+    Ok(())
+}
+
+/// With every proxy stopped (their DaemonSet scheduled nowhere), a request to a route target
+/// fails: the pod's table still redirects it to a listener that is gone. Without capture it
+/// would have reached the Service through kube-proxy. A meshed pod created meanwhile cannot
+/// start (aether-cni refuses it and says why) and starts by itself once the proxies are back;
+/// restarted proxies reopen the listeners of every registered pod.
+async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
+    let split = apply_split(cluster).await?;
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let v1 = vec!["http://echo/v1".to_string()];
+    let served = client(cluster, &pod, &v1).await?;
+    if served.first().and_then(|e| e.status) != Some(200) {
+        bail!("before stopping the proxies, /v1 did not work: {served:?}");
+    }
+
+    let park = json!({"spec": {"template": {"spec": {"nodeSelector": {"aether.io/test-parked": "true"}}}}});
+    cluster.patch("aether-system", "daemonset/aether-proxy", "merge", &park)?;
+    wait_pods(cluster, "aether-system", PROXY_PODS, 0).await?;
+    let failed = client(cluster, &pod, &v1).await;
+    if let Ok(exchanges) = &failed {
+        bail!("with no proxy running, a route-target request still got an answer: {exchanges:?}");
+    }
+    eprintln!("with the proxies stopped, a route-target request fails closed");
+
+    let waiting = "created-without-proxy";
+    cluster.apply_text(
+        &json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": waiting, "namespace": MESH_NS},
+            "spec": {"containers": [{"name": "echo", "image": ECHO_IMAGE}]},
+        })
+        .to_string(),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = cluster.kubectl(&[
+            "-n",
+            MESH_NS,
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={waiting},reason=FailedCreatePodSandBox"),
+            "-o",
+            "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+        ])?;
+        if events.contains("aether node proxy not reachable") {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("no FailedCreatePodSandBox event with aether-cni's error: {events:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MESH_NS);
+    let state = pods.get(waiting).await?;
+    let reason = state
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.clone());
+    if is_ready(&state) || reason.as_deref().is_some_and(|r| r != "ContainerCreating") {
+        bail!(
+            "a meshed pod started without its node's proxy: {:?}",
+            state.status
+        );
+    }
+    eprintln!(
+        "with the proxies stopped, a new meshed pod waits in ContainerCreating with aether-cni's error"
+    );
+
+    // Nodes come up tainted until their proxy can capture pods; the restarted proxies
+    // remove the taint.
+    let taint = format!("{AGENT_NOT_READY_TAINT}=true:NoSchedule");
+    for node in ["node-1", "node-2"] {
+        cluster.kubectl(&["taint", "nodes", node, &taint, "--overwrite"])?;
+    }
+    let unpark = json!([{"op": "remove", "path": "/spec/template/spec/nodeSelector/aether.io~1test-parked"}]);
+    cluster.patch("aether-system", "daemonset/aether-proxy", "json", &unpark)?;
+    cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let again = client(cluster, &pod, &v1).await;
+        if let Ok(exchanges) = &again
+            && exchanges.first().and_then(|e| e.status) == Some(200)
+            && exchanges[0].body.hostname.starts_with("echo-v1")
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("restarted proxies did not serve the registered pod again: {again:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    eprintln!("restarted proxies reopened the listeners of the registered pods");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !is_ready(&pods.get(waiting).await?) {
+        if Instant::now() > deadline {
+            bail!("the pod created without a proxy did not start once the proxies were back");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    eprintln!("the pod created without a proxy started by itself once the proxies were back");
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let taints = cluster.kubectl(&[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}: {.spec.taints[*].key}{'\\n'}{end}",
+        ])?;
+        let tainted: Vec<&str> = taints
+            .lines()
+            .filter(|l| l.contains(AGENT_NOT_READY_TAINT))
+            .collect();
+        if tainted.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("restarted proxies left the {AGENT_NOT_READY_TAINT} taint: {tainted:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    eprintln!("restarted proxies removed the {AGENT_NOT_READY_TAINT} taint from their nodes");
+    pods.delete(waiting, &DeleteParams::default()).await?;
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    wait_nodes_applied(cluster).await?;
+    Ok(())
+}
+
+/// A pod's nft table deleted by hand, and aether-cni's entry dropped from a node's CNI
+/// config (as another network plugin rewriting its config would), are both put back by the
+/// node's proxy, and the pod gets a `CaptureRepaired` Event.
+async fn repairs_drift(cluster: &Cluster) -> Result<()> {
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let node = aether_e2e::node_of(&pod)?;
+    let deleted = cluster.nft_in_pod(&pod, &["delete", "table", "inet", "aether"])?;
+    if !deleted.status.success() {
+        bail!(
+            "pod {:?} had no aether table to delete: {deleted:?}",
+            pod.metadata.name
+        );
+    }
+    let mut config: Value = serde_json::from_str(&cluster.on_node_ok(&node, &["cat", CONFLIST])?)?;
+    if let Some(plugins) = config["plugins"].as_array_mut() {
+        plugins.retain(|p| p["type"] != "aether-cni");
+    }
+    let write = format!("printf '%s' \"$1\" > {CONFLIST}");
+    cluster.on_node_ok(
+        &node,
+        &[
+            "sh",
+            "-c",
+            &write,
+            "sh",
+            &serde_json::to_string_pretty(&config)?,
+        ],
+    )?;
+
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let table = cluster
+            .nft_in_pod(&pod, &["list", "table", "inet", "aether"])?
+            .status
+            .success();
+        let chained = cluster
+            .on_node_ok(&node, &["cat", CONFLIST])?
+            .contains("aether-cni");
+        if table && chained {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("drift not repaired within 40 s: table {table}, CNI entry {chained}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let events = cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name},reason=CaptureRepaired"),
+        "-o",
+        "name",
+    ])?;
+    if events.trim().is_empty() {
+        bail!("no CaptureRepaired Event on pod {name}");
+    }
+    // And the repaired pod is served through the mesh again.
+    let served = client(cluster, &pod, &["http://echo-v2/".to_string()]).await?;
+    if served.first().and_then(|e| e.status) != Some(200) {
+        bail!("after the repair, echo-v2 is not reachable: {served:?}");
+    }
+    eprintln!("a deleted pod table and a dropped CNI entry were repaired, with an Event");
+    Ok(())
+}
+
+/// The status a request to `url` from `from` was answered with; `None` when it got no answer
+/// (a refused or reset connection makes the client fail).
+async fn answered(cluster: &Cluster, from: &Pod, url: &str) -> Option<u16> {
+    let exchanges = client(cluster, from, &[url.to_string()]).await;
+    exchanges
+        .ok()
+        .and_then(|e| e.first().and_then(|x| x.status))
+}
+
+/// Waits until a request to `url` is answered (`Some(status)`) or refused (`None`).
+async fn wait_answer(cluster: &Cluster, from: &Pod, url: &str, want: Option<u16>) -> Result<()> {
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let got = answered(cluster, from, url).await;
+        if got == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{url}: expected {want:?}, still {got:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+}
+
+/// Strict mTLS mode: with the namespace labelled `aether.io/mtls=strict`, plaintext to a
+/// meshed pod's IP is refused, for the pods running then (the proxies change their tables)
+/// and for a pod created then (the CNI plugin installs it strict), while requests through a
+/// route target still arrive over mTLS; removing the label lets plaintext in again.
+async fn strict_mode_refuses_plaintext(cluster: &Cluster) -> Result<()> {
+    let split = apply_split(cluster).await?;
+    let from = client_pod(cluster, MESH_NS, "app=echo,version=v2").await?;
+    let server = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let plaintext = format!("http://{}:8080/", pod_ip(&server)?);
+    wait_answer(cluster, &from, &plaintext, Some(200)).await?;
+
+    let label = format!("{MTLS_LABEL}={MTLS_STRICT}");
+    cluster.kubectl(&["label", "namespace", MESH_NS, &label, "--overwrite"])?;
+    wait_answer(cluster, &from, &plaintext, None).await?;
+    wait_answer(cluster, &from, "http://echo/v1", Some(200)).await?;
+    eprintln!("strict mode: plaintext into a running meshed pod is refused, mTLS gets through");
+
+    cluster.kubectl(&["-n", MESH_NS, "rollout", "restart", "deployment/echo-v1"])?;
+    cluster.rollout_status(MESH_NS, "deployment/echo-v1")?;
+    wait_pods(cluster, MESH_NS, "app=echo,version=v1", 1).await?;
+    let new = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let new_plaintext = format!("http://{}:8080/", pod_ip(&new)?);
+    if let Some(status) = answered(cluster, &from, &new_plaintext).await {
+        bail!("a pod created in strict mode answered plaintext with {status}");
+    }
+    wait_answer(cluster, &from, "http://echo/v1", Some(200)).await?;
+    eprintln!("strict mode: a pod created in it refuses plaintext from its first packet");
+
+    cluster.kubectl(&["label", "namespace", MESH_NS, &format!("{MTLS_LABEL}-")])?;
+    wait_answer(cluster, &from, &new_plaintext, Some(200)).await?;
+    eprintln!("strict mode off: plaintext is let in again");
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    wait_nodes_applied(cluster).await?;
+    Ok(())
+}
+
+async fn uninstall_leaves_nothing(cluster: &Cluster) -> Result<()> {
+    uninstall(cluster).await?;
+    let mut leftovers = Vec::new();
+    for ns in [MESH_NS, CONSUMER_NS] {
+        let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+        for pod in api.list(&ListParams::default()).await?.items {
+            if cluster
+                .nft_in_pod(&pod, &["list", "table", "inet", "aether"])?
+                .status
+                .success()
+            {
+                leftovers.push(format!("table inet aether in pod {:?}", pod.metadata.name));
+            }
+        }
+    }
+    for node in ["node-1", "node-2"] {
+        let found = cluster.on_node_ok(
+            node,
+            &[
+                "sh",
+                "-c",
+                "grep -l aether-cni /etc/cni/net.d/*.conflist; ls /opt/cni/bin | grep aether; true",
+            ],
+        )?;
+        leftovers.extend(found.lines().map(|l| format!("{l} on {node}")));
+    }
+    if !leftovers.is_empty() {
+        bail!("helm uninstall left aether behind: {leftovers:?}");
+    }
+    // Pods keep working unmeshed.
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let plain = client(cluster, &pod, &["http://echo/".to_string()]).await?;
+    if plain.first().and_then(|e| e.status) != Some(200) {
+        bail!("after uninstall, echo is not reachable: {plain:?}");
+    }
+    eprintln!("helm uninstall left no table in any pod and no aether-cni on any node");
+    Ok(())
+}
