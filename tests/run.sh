@@ -20,6 +20,8 @@ tests/cluster/smoke.sh
 # The upstream Gateway API conformance suite, unmodified, against aether installed by Helm.
 tests/cluster/install.sh
 tests/gateway-conformance/run.sh
+# Each test installs what it needs; the operator's own tests run it in-process, alone.
+tests/cluster/uninstall.sh
 cargo test --workspace
 # Teardown is part of the suite: down.sh fails naming anything of the cluster left behind.
 trap - EXIT

@@ -1,14 +1,29 @@
 //! The fuzz targets' checks (`aether_cni::fuzzing`) on stable Rust in every test run: valid
-//! seeds, then seeded random mutations of them (bit flips, byte edits, cuts, splices, JSON
-//! tokens). Deterministic, so a failure reproduces; `cargo fuzz` (cni/fuzz) goes further with
+//! seeds, then seeded random mutations of them (`aether_test_support::fuzz`: bit flips, byte
+//! edits, cuts, splices, JSON tokens and the plugin's own). Deterministic, so a failure reproduces; `cargo fuzz` (cni/fuzz) goes further with
 //! coverage guidance.
 
-use aether_cni::fuzzing::{self, JSON_TOKENS};
+use aether_cni::fuzzing;
 use aether_cni::protocol::{
     CapturePlan, Decision, PodRef, Request, Response, StrictPlan, encode_request, encode_response,
 };
+use aether_test_support::fuzz::{self, JSON_TOKENS};
 
 const ROUNDS: usize = 400_000;
+
+/// JSON tokens, and the names and versions the plugin and the protocol read.
+fn tokens() -> Vec<&'static [u8]> {
+    let mut tokens = JSON_TOKENS.to_vec();
+    tokens.extend([
+        b"0.4.0".as_slice(),
+        b"1.1.0",
+        b"\"cniVersion\"",
+        b"\"plugins\"",
+        b"\"prevResult\"",
+        b"\"version\"",
+    ]);
+    tokens
+}
 
 #[test]
 fn the_config_parser_survives_mutated_input() {
@@ -20,7 +35,7 @@ fn the_config_parser_survives_mutated_input() {
     .iter()
     .map(|s| s.as_bytes().to_vec())
     .collect();
-    let runs = fuzzing::run(&seeds, JSON_TOKENS, 0x5eed_c0f1, ROUNDS, fuzzing::config);
+    let runs = fuzz::run(&seeds, &tokens(), 0x5eed_c0f1, ROUNDS, fuzzing::config);
     eprintln!("config parser: {runs} executions, no crash");
 }
 
@@ -56,6 +71,6 @@ fn the_protocol_decoder_survives_mutated_input() {
     // Two frames back to back exercise the framing.
     let both = [seeds[0].clone(), seeds[1].clone()].concat();
     seeds.push(both);
-    let runs = fuzzing::run(&seeds, JSON_TOKENS, 0x5eed_0b07, ROUNDS, fuzzing::protocol);
+    let runs = fuzz::run(&seeds, &tokens(), 0x5eed_0b07, ROUNDS, fuzzing::protocol);
     eprintln!("protocol decoder: {runs} executions, no crash");
 }

@@ -17,12 +17,16 @@ pub mod reason {
     pub const SERVICE_NOT_FOUND: &str = "ServiceNotFound";
     /// Headless and ExternalName Services have no ClusterIP to capture.
     pub const UNSUPPORTED_SERVICE_TYPE: &str = "UnsupportedServiceType";
+    /// Another hand-written RouteTarget for the same Service is in force (the oldest).
+    pub const CONFLICTED: &str = "Conflicted";
 
     // ResolvedRefs
     pub const RESOLVED_REFS: &str = "ResolvedRefs";
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     pub const INVALID_KIND: &str = "InvalidKind";
     pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
+    /// Every backend exists, but one has no ready endpoint: its share of requests fails.
+    pub const NO_READY_ENDPOINTS: &str = "NoReadyEndpoints";
 
     // Programmed
     pub const PROGRAMMED: &str = "Programmed";

@@ -234,13 +234,18 @@ pub struct HttpHeader {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestRedirect {
+    /// `http` or `https`; the request's scheme when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<RedirectScheme>,
+    /// The host of `Location`; the request's host when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), pattern(HOSTNAME_PATTERN))]
     pub hostname: Option<String>,
+    /// How the path of `Location` is made; the request's path when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<HttpPathModifier>,
+    /// The port of `Location`; when absent, the scheme's well-known port if `scheme` is set,
+    /// else the Service port the client dialed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
@@ -269,9 +274,11 @@ impl RedirectScheme {
 /// Rewrites the request before it is forwarded.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct UrlRewrite {
+    /// The Host the backend sees; the request's when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), pattern(HOSTNAME_PATTERN))]
     pub hostname: Option<String>,
+    /// How the path the backend sees is made; the request's path when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<HttpPathModifier>,
 }
@@ -285,8 +292,10 @@ pub struct UrlRewrite {
         .message("replacePrefixMatch must be set exactly when type is ReplacePrefixMatch"),
 )]
 pub struct HttpPathModifier {
+    /// `ReplaceFullPath` or `ReplacePrefixMatch`; required.
     #[serde(rename = "type")]
     pub r#type: PathModifierType,
+    /// The whole new path (with `type: ReplaceFullPath`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub replace_full_path: Option<String>,
@@ -389,11 +398,12 @@ pub struct HttpBackendRef {
 #[x_kube(validation = Rule::new("!(has(self.request) && has(self.backendRequest) && duration(self.request) != duration('0s')) || duration(self.backendRequest) <= duration(self.request)")
     .message("backendRequest must not be longer than request"))]
 pub struct HttpRouteTimeouts {
-    /// Time for the whole request, retries included; `0s` disables it.
+    /// Time for the whole request, retries included; no limit when absent, and `0s`
+    /// disables it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(DURATION_PATTERN))]
     pub request: Option<String>,
-    /// Time for one attempt at a backend.
+    /// Time for one attempt at a backend; the `request` timeout when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(DURATION_PATTERN))]
     pub backend_request: Option<String>,

@@ -41,19 +41,24 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 type Write<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + 'a>>;
+/// A NodeConfig write: the node and the generation it wrote.
+type ConfigWrite<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<(String, Option<i64>)>> + Send + 'a>,
+>;
 
-/// Replaces a NodeConfig's spec (a JSON patch), leaving its status to the proxy.
+/// Replaces a NodeConfig's spec (a JSON patch), leaving its status to the proxy; the object
+/// as written.
 async fn replace_spec(
     api: &Api<NodeConfig>,
     node: &str,
     spec: &NodeConfigSpec,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<NodeConfig> {
     let patch: json_patch::Patch = serde_json::from_value(
         serde_json::json!([{"op": "replace", "path": "/spec", "value": spec}]),
     )?;
-    api.patch(node, &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await?;
-    Ok(())
+    Ok(api
+        .patch(node, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await?)
 }
 
 /// A pass allocates and frees tens of MB on whichever runtime threads run it; glibc keeps
@@ -86,6 +91,8 @@ struct Model {
     index: Arc<Index>,
     targets: BTreeMap<Key, Target>,
     shared: Shared,
+    /// The NodeConfig generations holding this model's per-node config.
+    required: status::Required,
 }
 
 /// Runs until the process ends; writes only while `leader` is true. Two loops: the config
@@ -157,10 +164,15 @@ pub async fn run(
             targets = targets.len(),
             "config pass"
         );
+        let required = match &result {
+            Ok(required) => required.clone(),
+            Err(_) => status::Required::new(),
+        };
         let _ = models.send(Some(Arc::new(Model {
             index: index.clone(),
             targets,
             shared,
+            required,
         })));
         release_freed_memory();
         if let Err(error) = result {
@@ -215,7 +227,7 @@ impl Writer {
         index: &Index,
         targets: &BTreeMap<Key, Target>,
         shared: &Shared,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<status::Required> {
         self.derived_targets(stores, index, targets).await?;
         self.node_configs(stores, index, targets, shared).await
     }
@@ -289,7 +301,7 @@ impl Writer {
         }
         for ((namespace, name), target) in &index.targets {
             let service = (namespace.clone(), target.service.clone());
-            let superseded = targets.get(&service).is_none_or(|t| t.hand_written);
+            let superseded = targets.get(&service).is_none_or(|t| t.hand_written());
             if target.derived && superseded {
                 let api: Api<RouteTarget> = Api::namespaced(self.client.clone(), namespace);
                 match api.delete(name, &DeleteParams::default()).await {
@@ -325,18 +337,31 @@ impl Writer {
                 continue;
             };
             // A hand-written RouteTarget takes precedence over a derived one for the same Service.
-            if known.derived && target.hand_written {
+            if known.derived && target.hand_written() {
                 continue;
             }
             let previous = object.status.as_ref();
-            let desired = status::route_target_status(
-                index,
-                target,
-                &model.shared.identities,
-                known.generation,
-                previous,
-                now,
-            );
+            let desired = match &target.in_force {
+                Some(winner) if !known.derived && *winner != object.name_any() => {
+                    status::conflicted_status(
+                        index,
+                        &target.key,
+                        winner,
+                        known.generation,
+                        previous,
+                        now,
+                    )
+                }
+                _ => status::route_target_status(
+                    index,
+                    target,
+                    &model.shared.identities,
+                    &model.required,
+                    known.generation,
+                    previous,
+                    now,
+                ),
+            };
             if previous == Some(&desired) {
                 continue;
             }
@@ -463,13 +488,14 @@ impl Writer {
     }
 
     /// One NodeConfig per node; a node's object is written only when its content changes.
+    /// Returns, per node, the generation that holds the computed config.
     async fn node_configs(
         &self,
         stores: &Stores,
         index: &Index,
         targets: &BTreeMap<Key, Target>,
         shared: &Shared,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<status::Required> {
         let api: Api<NodeConfig> = Api::all(self.client.clone());
         let existing: BTreeMap<String, Arc<NodeConfig>> = stores
             .node_configs
@@ -477,19 +503,23 @@ impl Writer {
             .into_iter()
             .map(|c| (c.name_any(), c))
             .collect();
-        let mut writes: Vec<Write<'_>> = Vec::new();
+        let mut required = status::Required::new();
+        let mut writes: Vec<ConfigWrite<'_>> = Vec::new();
         for node in &index.nodes {
             let spec: NodeConfigSpec = node_config::node_config(node, targets, shared);
             let exists = existing.contains_key(node);
-            if existing.get(node).is_some_and(|c| c.spec == spec) {
+            if let Some(stored) = existing.get(node).filter(|c| c.spec == spec) {
+                if let Some(generation) = stored.metadata.generation {
+                    required.insert(node.clone(), generation);
+                }
                 continue;
             }
             let api = api.clone();
             writes.push(Box::pin(async move {
                 // The spec is the operator's alone: replaced whole, which costs the API
                 // server far less than a server-side apply of a large object.
-                if exists {
-                    replace_spec(&api, node, &spec).await?;
+                let written = if exists {
+                    replace_spec(&api, node, &spec).await?
                 } else {
                     let object = NodeConfig::new(node, spec.clone());
                     let params = PostParams {
@@ -497,20 +527,28 @@ impl Writer {
                         ..Default::default()
                     };
                     match api.create(&params, &object).await {
-                        Ok(_) => {}
+                        Ok(created) => created,
                         // Written by an earlier pass whose write the cache has not seen yet.
                         Err(kube::Error::Api(e)) if e.code == 409 => {
                             replace_spec(&api, node, &spec).await?
                         }
                         Err(e) => return Err(e.into()),
                     }
-                }
+                };
                 self.metrics.writes.inc();
                 tracing::info!(node, "updated NodeConfig");
-                Ok(())
+                Ok((node.clone(), written.metadata.generation))
             }));
         }
-        write_all(writes, WRITES_IN_FLIGHT).await?;
+        let written: Vec<(String, Option<i64>)> = futures::stream::iter(writes)
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        required.extend(
+            written
+                .into_iter()
+                .filter_map(|(node, generation)| Some((node, generation?))),
+        );
         for name in existing.keys().filter(|n| !index.nodes.contains(*n)) {
             match api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}
@@ -518,6 +556,6 @@ impl Writer {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(())
+        Ok(required)
     }
 }

@@ -45,6 +45,9 @@ pub struct TargetObject {
     pub service: String,
     pub derived: bool,
     pub generation: Option<i64>,
+    /// `metadata.creationTimestamp`: of several hand-written RouteTargets for one Service,
+    /// the oldest is in force.
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
     /// Its inline rules, for a hand-written one.
     pub inline: Option<RouteSource>,
 }
@@ -190,6 +193,7 @@ impl Index {
                 service: target.spec.service.clone(),
                 derived,
                 generation: target.metadata.generation,
+                created: target.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 inline: (!derived).then(|| RouteSource::from_route_target(target)),
             },
         );

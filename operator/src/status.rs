@@ -40,15 +40,75 @@ pub fn condition(
     }
 }
 
-/// How many nodes have applied a config that includes every route target.
-fn programmed(index: &Index) -> (usize, usize) {
-    let total = index.nodes.len();
-    let applied = index
-        .nodes
+/// For each node, the generation of its NodeConfig that holds what the current model computed
+/// for it (the config pass's own write, or the generation already stored when nothing changed).
+pub type Required = BTreeMap<String, i64>;
+
+/// The nodes that have applied what the model computed for them, and those that lag (with
+/// the generation they applied, if any). Every node needs every route target: each node's
+/// config carries the capture set of all of them.
+fn programmed(index: &Index, required: &Required) -> (Vec<String>, Vec<(String, Option<i64>)>) {
+    let (mut applied, mut lagging) = (Vec::new(), Vec::new());
+    for node in &index.nodes {
+        let (have, stored) = index
+            .node_configs
+            .get(node)
+            .cloned()
+            .unwrap_or((None, None));
+        let need = required.get(node).copied().or(stored);
+        match (have, need) {
+            (Some(have), Some(need)) if have >= need => applied.push(node.clone()),
+            _ => lagging.push((node.clone(), have)),
+        }
+    }
+    (applied, lagging)
+}
+
+fn programmed_condition(
+    index: &Index,
+    required: &Required,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> Condition {
+    let (applied, lagging) = programmed(index, required);
+    let total = applied.len() + lagging.len();
+    if total > 0 && lagging.is_empty() {
+        return condition(
+            conditions::PROGRAMMED,
+            true,
+            reason::PROGRAMMED,
+            &format!("applied by all {total} nodes"),
+            generation,
+            previous,
+            now,
+        );
+    }
+    let behind: Vec<String> = lagging
         .iter()
-        .filter(|node| matches!(index.node_configs.get(*node), Some((Some(applied), Some(generation))) if applied >= generation))
-        .count();
-    (applied, total)
+        .map(|(node, have)| match have {
+            Some(have) => format!("{node} (applied generation {have})"),
+            None => format!("{node} (applied nothing yet)"),
+        })
+        .collect();
+    let message = if total == 0 {
+        "no node to apply it".to_owned()
+    } else {
+        format!(
+            "applied by {} of {total} nodes; not yet by {}",
+            applied.len(),
+            behind.join(", ")
+        )
+    };
+    condition(
+        conditions::PROGRAMMED,
+        false,
+        reason::PENDING,
+        &message,
+        generation,
+        previous,
+        now,
+    )
 }
 
 /// `identities`: the SPIFFE IDs behind each Service (`node_config::identity_map`).
@@ -56,6 +116,7 @@ pub fn route_target_status(
     index: &Index,
     target: &Target,
     identities: &BTreeMap<Key, Vec<String>>,
+    required: &Required,
     generation: Option<i64>,
     previous: Option<&RouteTargetStatus>,
     now: &Time,
@@ -82,6 +143,21 @@ pub fn route_target_status(
             format!("Service {svc} is an ExternalName Service: there is no ClusterIP to route"),
         ),
         Some(ServiceKind::ClusterIp) => (true, reason::ACCEPTED, format!("routing Service {svc}")),
+    };
+    // A hand-written RouteTarget's own rules are judged as an HTTPRoute's are.
+    let refused_rules = target.in_force.as_ref().and_then(|name| {
+        target
+            .compiled
+            .routes
+            .iter()
+            .filter(|o| o.route.kind == RouteKind::RouteTarget && &o.route.name == name)
+            .flat_map(|o| &o.parents)
+            .find(|p| !p.accepted.ok)
+            .map(|p| p.accepted.clone())
+    });
+    let (accepted_ok, accepted_reason, accepted_message) = match (accepted_ok, refused_rules) {
+        (true, Some(verdict)) => (false, verdict.reason, verdict.message),
+        (ok, _) => (ok, accepted_reason.to_owned(), accepted_message),
     };
 
     let mut routes = Vec::new();
@@ -137,48 +213,37 @@ pub fn route_target_status(
         })
         .collect();
 
-    let (applied, total) = programmed(index);
-    let resolved = match &unresolved {
-        None => condition(
-            conditions::RESOLVED_REFS,
-            true,
-            reason::RESOLVED_REFS,
-            "all references resolved",
-            generation,
-            previous_conditions,
-            now,
-        ),
-        Some(v) => condition(
-            conditions::RESOLVED_REFS,
+    let not_ready: Vec<String> = backends
+        .iter()
+        .filter(|b| b.ready_endpoints == 0)
+        .map(|b| format!("{}/{}:{}", b.namespace, b.service, b.port))
+        .collect();
+    let (resolved_ok, resolved_reason, resolved_message) = match &unresolved {
+        Some(v) => (false, v.reason.clone(), v.message.clone()),
+        None if !not_ready.is_empty() => (
             false,
-            &v.reason,
-            &v.message,
-            generation,
-            previous_conditions,
-            now,
+            reason::NO_READY_ENDPOINTS.to_owned(),
+            format!(
+                "no ready endpoint behind {}: requests sent there fail with 503",
+                not_ready.join(", ")
+            ),
+        ),
+        None => (
+            true,
+            reason::RESOLVED_REFS.to_owned(),
+            "all references resolved".to_owned(),
         ),
     };
-    let programmed = if total > 0 && applied == total {
-        condition(
-            conditions::PROGRAMMED,
-            true,
-            reason::PROGRAMMED,
-            &format!("applied by {applied} of {total} nodes"),
-            generation,
-            previous_conditions,
-            now,
-        )
-    } else {
-        condition(
-            conditions::PROGRAMMED,
-            false,
-            reason::PENDING,
-            &format!("applied by {applied} of {total} nodes"),
-            generation,
-            previous_conditions,
-            now,
-        )
-    };
+    let resolved = condition(
+        conditions::RESOLVED_REFS,
+        resolved_ok,
+        &resolved_reason,
+        &resolved_message,
+        generation,
+        previous_conditions,
+        now,
+    );
+    let programmed = programmed_condition(index, required, generation, previous_conditions, now);
     let ports: Vec<TargetPort> = service
         .map(|s| {
             s.info
@@ -212,7 +277,7 @@ pub fn route_target_status(
             condition(
                 conditions::ACCEPTED,
                 accepted_ok,
-                accepted_reason,
+                &accepted_reason,
                 &accepted_message,
                 generation,
                 previous_conditions,
@@ -221,6 +286,48 @@ pub fn route_target_status(
             resolved,
             programmed,
         ],
+    }
+}
+
+/// The status of a hand-written RouteTarget that is not in force: another one for the same
+/// Service (`winner`, the oldest) is, so none of this one's rules are used.
+pub fn conflicted_status(
+    index: &Index,
+    service: &Key,
+    winner: &str,
+    generation: Option<i64>,
+    previous: Option<&RouteTargetStatus>,
+    now: &Time,
+) -> RouteTargetStatus {
+    let previous = previous
+        .map(|p| p.conditions.as_slice())
+        .unwrap_or_default();
+    let message = format!(
+        "RouteTarget {}/{winner} is in force for Service {}/{} (the oldest of them): this one's rules are not used; delete one of them",
+        service.0, service.0, service.1
+    );
+    let not_in_force = |kind| {
+        condition(
+            kind,
+            false,
+            reason::CONFLICTED,
+            &message,
+            generation,
+            previous,
+            now,
+        )
+    };
+    let data = index.services.get(service);
+    RouteTargetStatus {
+        observed_generation: generation,
+        cluster_ip: data.and_then(|s| s.cluster_ips.first().cloned()),
+        cluster_ips: data.map(|s| s.cluster_ips.clone()).unwrap_or_default(),
+        conditions: vec![
+            not_in_force(conditions::ACCEPTED),
+            not_in_force(conditions::RESOLVED_REFS),
+            not_in_force(conditions::PROGRAMMED),
+        ],
+        ..RouteTargetStatus::default()
     }
 }
 

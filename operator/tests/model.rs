@@ -8,7 +8,7 @@ use aether_crds::NodeConfig;
 use aether_operator::index::{Index, key};
 use aether_operator::node_config::identity_map;
 use aether_operator::node_config::{Shared, node_config};
-use aether_operator::status::{merge_parents, route_parents, route_target_status};
+use aether_operator::status::{Required, merge_parents, route_parents, route_target_status};
 use aether_operator::targets::compile_all;
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
@@ -145,6 +145,7 @@ fn route_target_status_reports_ips_routes_backends_identities_and_conditions() {
         &index,
         &targets[&key(MESH, "echo")],
         &identity_map(&index, &targets, TD),
+        &Required::new(),
         Some(1),
         None,
         &now(),
@@ -194,7 +195,31 @@ fn route_target_status_reports_ips_routes_backends_identities_and_conditions() {
         .iter()
         .find(|c| c.type_ == "Programmed")
         .unwrap();
-    assert_eq!(programmed.message, "applied by 2 of 4 nodes");
+    assert_eq!(
+        programmed.message,
+        "applied by 2 of 4 nodes; not yet by node-3 (applied nothing yet), node-4 (applied nothing yet)"
+    );
+    // A node that applied an older generation than the one holding this config lags too.
+    let required = Required::from([("node-1".to_owned(), 4)]);
+    let lagging = route_target_status(
+        &index,
+        &targets[&key(MESH, "echo")],
+        &identity_map(&index, &targets, TD),
+        &required,
+        Some(1),
+        None,
+        &now(),
+    );
+    let message = &lagging
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Programmed")
+        .unwrap()
+        .message;
+    assert!(
+        message.starts_with("applied by 1 of 4 nodes; not yet by node-1 (applied generation 3)"),
+        "{message}"
+    );
 
     // Unchanged conditions keep their transition time.
     let later = Time(Timestamp::from_second(1_900_000_000).unwrap());
@@ -202,6 +227,7 @@ fn route_target_status_reports_ips_routes_backends_identities_and_conditions() {
         &index,
         &targets[&key(MESH, "echo")],
         &identity_map(&index, &targets, TD),
+        &Required::new(),
         Some(1),
         Some(&status),
         &later,
@@ -223,6 +249,7 @@ fn a_missing_or_headless_service_is_not_accepted() {
         &index,
         &targets[&key(MESH, "nothing")],
         &identity_map(&index, &targets, TD),
+        &Required::new(),
         None,
         None,
         &now(),

@@ -1,6 +1,6 @@
 //! What the HTTP routing fuzz target checks, as a plain function: `cargo fuzz` (proxy/fuzz,
 //! nightly) drives it with coverage guidance, and `tests/fuzz.rs` drives it with seeded
-//! mutations (`aether_cni::fuzzing::run`) in every test run. It panics only on a bug.
+//! mutations (`aether_test_support::fuzz::run`) in every test run. It panics only on a bug.
 //!
 //! The input is an HTTP/1.1 request head. It goes the way a captured request goes: made into
 //! a request head (`http` types, as hyper makes them), viewed by the route engine, routed by a

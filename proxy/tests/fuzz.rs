@@ -2,8 +2,8 @@
 //! Rust in every test run: request heads that reach every rule, then seeded mutations of them.
 //! `cargo fuzz` (proxy/fuzz) goes further with coverage guidance.
 
-use aether_cni::fuzzing;
 use aether_proxy::fuzzing::http_routing;
+use aether_test_support::fuzz;
 
 const ROUNDS: usize = 400_000;
 
@@ -51,6 +51,6 @@ fn http_routing_survives_mutated_requests() {
     .iter()
     .map(|s| s.as_bytes().to_vec())
     .collect();
-    let runs = fuzzing::run(&seeds, HTTP_TOKENS, 0x5eed_4777, ROUNDS, http_routing);
+    let runs = fuzz::run(&seeds, HTTP_TOKENS, 0x5eed_4777, ROUNDS, http_routing);
     eprintln!("HTTP routing: {runs} executions, no crash");
 }

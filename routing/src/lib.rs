@@ -9,6 +9,7 @@
 mod compile;
 mod error;
 pub mod filters;
+pub mod fuzzing;
 mod request;
 mod router;
 mod rules;

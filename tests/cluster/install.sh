@@ -6,7 +6,7 @@
 # the operator Deployment is Available.
 # Idempotent: run again, it upgrades the release to the chart as it is now. Arguments go to
 # helm (e.g. --set ca.svidTTLSeconds=240).
-# Remove with `helm uninstall aether -n aether-system`.
+# Remove with tests/cluster/uninstall.sh (helm uninstall).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -164,10 +164,12 @@ impl Cluster {
 
     /// Applies manifests given as text.
     pub fn apply_text(&self, manifests: &str) -> Result<()> {
+        // One file per call: tests of a binary apply concurrently.
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let file = std::env::temp_dir().join(format!(
             "aether-e2e-{}-{}.yaml",
             std::process::id(),
-            manifests.len()
+            FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::write(&file, manifests)?;
         let result = self.apply(&file);

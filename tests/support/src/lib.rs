@@ -5,4 +5,5 @@
 #![forbid(unsafe_code)]
 
 pub mod cases;
+pub mod fuzz;
 pub mod upstream;
