@@ -28,6 +28,11 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.appliedGeneration"
     ),
     printcolumn(
+        name = "Captured",
+        type_ = "integer",
+        json_path = ".status.capturedPodCount"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -88,6 +93,12 @@ pub struct NodeConfigStatus {
     /// did not hold: the operator adds them to the node's scope.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub demand: Vec<String>,
+    /// The pods (`namespace/name`) this node's proxy captures now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub captured_pods: Vec<String>,
+    /// How many pods this node's proxy captures now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured_pod_count: Option<i32>,
 }
 
 /// An object whose fields the API server keeps as they are: the route engine's own

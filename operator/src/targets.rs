@@ -26,11 +26,14 @@ impl Target {
     }
 }
 
+/// The routes attached to a Service, and the hand-written RouteTarget in force for it (its
+/// name and inline rules).
+type Sources = (Vec<RouteSource>, Option<(String, RouteSource)>);
+
 /// Compiles every route target: each Service named as a core `Service` parentRef by any
 /// route, and each Service of a hand-written RouteTarget.
 pub fn compile_all(index: &Index) -> BTreeMap<Key, Target> {
-    let mut sources: BTreeMap<Key, (Vec<RouteSource>, Option<(String, RouteSource)>)> =
-        BTreeMap::new();
+    let mut sources: BTreeMap<Key, Sources> = BTreeMap::new();
     for route in index.routes.values() {
         let named: BTreeSet<Key> = route
             .parents

@@ -24,10 +24,23 @@ use crate::capture_set::CaptureSet;
 use crate::dataplane::{DataPlane, ForwardCounts};
 use crate::listeners::{Listeners, PodInfo, Role, capture_addrs, inbound_addr};
 use crate::pod_view::{self, PodView};
-use crate::registry::{RegisteredPod, Registry, RegistryError};
+use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
 
 /// The registry's file in the state directory.
 pub const REGISTRY_FILE: &str = "registry.json";
+/// How long a pod leaving the mesh keeps its listeners: longer than the news takes to reach
+/// every node's proxy.
+const LEAVE_LINGER: Duration = Duration::from_secs(10);
+/// What a leaving pod's open connections then get to finish.
+const LEAVE_DRAIN: Duration = Duration::from_secs(5);
+
+/// A running pod to mesh, found by the proxy itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enrolment {
+    pub pod: PodRef,
+    pub netns: PathBuf,
+    pub ips: Vec<IpAddr>,
+}
 
 pub struct AgentConfig {
     /// Holds the pod registry; kept across restarts.
@@ -399,6 +412,162 @@ impl Agent {
             }
         }
         repairs
+    }
+
+    /// Meshes running pods the CNI plugin never registered (they started before their namespace
+    /// was opted in, or before this proxy was installed): the same table the plugin installs,
+    /// the same listeners, a registration under [`enrolled_id`]. New connections are captured
+    /// from then on; the pods' open connections are not touched. A pod already registered is
+    /// left as it is. One result per pod.
+    pub fn enrol(&self, pods: Vec<Enrolment>) -> Vec<(PodRef, Result<(), String>)> {
+        let mut state = self.lock();
+        let State {
+            registry,
+            capture,
+            listeners,
+        } = &mut *state;
+        let mut next = registry.clone();
+        let mut results = Vec::new();
+        let mut enrolled = Vec::new();
+        for Enrolment { pod, netns, ips } in pods {
+            if registry.pods().any(|r| r.is_of(&pod)) {
+                results.push((pod, Ok(())));
+                continue;
+            }
+            let Some(uid) = pod.uid.clone() else {
+                results.push((pod, Err("the pod has no uid".into())));
+                continue;
+            };
+            let registered = RegisteredPod {
+                strict_inbound_port: self.strict_port(&pod),
+                container_id: enrolled_id(&uid),
+                ifname: "eth0".into(),
+                netns,
+                ips,
+                capture_port: self.capture_port,
+                generation: capture.generation,
+                pod,
+            };
+            let installed = nft::install(
+                &self.nft,
+                &registered.netns,
+                &self.table_spec(&registered),
+                &capture.targets,
+            )
+            .map_err(|e| format!("cannot install the capture table: {e}"))
+            .and_then(|()| {
+                listeners
+                    .open(
+                        self.pod_info(&registered),
+                        &self.listener_addrs(&registered),
+                    )
+                    .map(drop)
+                    .map_err(|e| {
+                        let _ = nft::delete(&self.nft, &registered.netns);
+                        format!("cannot open the capture listeners: {e}")
+                    })
+            });
+            match installed {
+                Ok(()) => {
+                    enrolled.push(registered.container_id.clone());
+                    next.insert(registered.clone());
+                    results.push((registered.pod, Ok(())));
+                }
+                Err(e) => results.push((registered.pod, Err(e))),
+            }
+        }
+        if enrolled.is_empty() {
+            return results;
+        }
+        if let Err(e) = next.save(&self.registry_path) {
+            // Not recorded, so not meshed: the pods go back to how they were.
+            for id in &enrolled {
+                if let Some(pod) = next.get(id) {
+                    listeners.close(id);
+                    let _ = nft::delete(&self.nft, &pod.netns);
+                }
+            }
+            let why = e.to_string();
+            return results
+                .into_iter()
+                .map(|(pod, result)| (pod, result.and(Err(why.clone()))))
+                .collect();
+        }
+        *registry = next;
+        for (pod, result) in &results {
+            if result.is_ok() {
+                info!(pod = %pod, "enrolled a running pod");
+            }
+        }
+        results
+    }
+
+    /// Takes registered pods out of the mesh without restarting them: their tables go at once
+    /// (new connections go direct), their listeners after [`LEAVE_LINGER`] (peers that still
+    /// see them meshed keep reaching them meanwhile). One result per container id.
+    pub fn leave(&self, container_ids: &[String]) -> Vec<(PodRef, Result<(), String>)> {
+        let mut state = self.lock();
+        let mut next = state.registry.clone();
+        let mut results = Vec::new();
+        for id in container_ids {
+            let Some(pod) = state.registry.get(id).cloned() else {
+                continue;
+            };
+            match nft::delete(&self.nft, &pod.netns) {
+                Ok(_) => {
+                    next.remove(id, &pod.ifname);
+                    results.push((pod.pod, Ok(())));
+                }
+                Err(e) => results.push((
+                    pod.pod,
+                    Err(format!("cannot remove the capture table: {e}")),
+                )),
+            }
+        }
+        if next == state.registry {
+            return results;
+        }
+        if let Err(e) = next.save(&self.registry_path) {
+            let why = e.to_string();
+            return results
+                .into_iter()
+                .map(|(pod, result)| (pod, result.and(Err(why.clone()))))
+                .collect();
+        }
+        for id in container_ids {
+            if next.get(id).is_none() {
+                state.listeners.retire(id, LEAVE_LINGER, LEAVE_DRAIN);
+            }
+        }
+        state.registry = next;
+        for (pod, result) in &results {
+            if result.is_ok() {
+                info!(pod = %pod, "took a running pod out of the mesh");
+            }
+        }
+        results
+    }
+
+    /// Forgets pods the proxy enrolled whose pod is gone (the runtime tells the plugin about
+    /// the others): their listeners close, their tables went with their namespaces.
+    pub fn forget(&self, container_ids: &[String]) {
+        let mut state = self.lock();
+        let mut next = state.registry.clone();
+        for id in container_ids {
+            if let Some(pod) = state.registry.get(id) {
+                next.remove(id, &pod.ifname);
+            }
+        }
+        if next == state.registry {
+            return;
+        }
+        if let Err(e) = next.save(&self.registry_path) {
+            return error!(error = %e, "cannot save the pod registry; retrying");
+        }
+        for id in container_ids {
+            state.listeners.close(id);
+        }
+        state.registry = next;
     }
 
     /// aether is being uninstalled: removes every registered pod's table, closes its listeners

@@ -28,8 +28,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
-use crate::agent::Agent;
+use crate::agent::{Agent, Enrolment};
 use crate::dataplane::{Demand, SnapshotCell, Workloads};
+use crate::enrol::{self, NodePod, Step};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::TrustStore;
 use crate::mesh::{Inputs, Snapshot};
@@ -266,9 +267,255 @@ impl Workloads for ClusterView {
     }
 }
 
+impl ClusterView {
+    /// This node's pods as enrolment sees them; `None` until the caches are filled (an empty
+    /// list would say every pod is gone).
+    pub fn node_pods(&self) -> Option<Vec<NodePod>> {
+        if !self.is_synced() {
+            return None;
+        }
+        Some(
+            self.pods
+                .state()
+                .iter()
+                .map(|pod| {
+                    let pod_ref = PodRef {
+                        namespace: pod.namespace().unwrap_or_default(),
+                        name: pod.name_any(),
+                        uid: pod.metadata.uid.clone(),
+                    };
+                    let ips: Vec<IpAddr> = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.pod_ips.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|ip| ip.ip.parse().ok())
+                        .collect();
+                    let running = !is_host_network(pod)
+                        && !is_finished(pod)
+                        && pod.metadata.deletion_timestamp.is_none()
+                        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && !ips.is_empty();
+                    NodePod {
+                        meshing: crate::pod_view::meshing(self, &pod_ref).ok(),
+                        pod: pod_ref,
+                        ips,
+                        running,
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Where the container runtime mounts the pods' network namespaces (the plugin is given paths
+/// under it), as the proxy's container sees it.
+const NETNS_DIR: &str = "/var/run/netns";
+/// A pod that could not be meshed is tried again after this long.
+const ENROL_RETRY: Duration = Duration::from_secs(5);
+
+/// Brings this node's running pods in and out of the mesh as their namespace's label and their
+/// annotations say (`enrol::plan`), with an Event on each pod and a metric; a pod that cannot
+/// be meshed says why once per cause and is tried again after [`ENROL_RETRY`].
+pub struct Enroller {
+    recorder: Recorder,
+    node: String,
+    /// Pods (by uid) that could not be meshed: when to try again, and why they failed.
+    failed: std::collections::HashMap<String, (tokio::time::Instant, String)>,
+}
+
+impl Enroller {
+    pub fn new(client: kube::Client, node: &str) -> Self {
+        Enroller {
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: MANAGER.into(),
+                    instance: Some(node.to_owned()),
+                },
+            ),
+            node: node.to_owned(),
+            failed: std::collections::HashMap::new(),
+        }
+    }
+
+    /// One pass; returns when a failed pod is due again, if one is.
+    pub async fn pass(
+        &mut self,
+        view: &ClusterView,
+        agent: &Arc<Agent>,
+        metrics: &Metrics,
+    ) -> Option<tokio::time::Instant> {
+        let pods = view.node_pods()?;
+        let now = tokio::time::Instant::now();
+        self.failed
+            .retain(|uid, _| pods.iter().any(|p| p.pod.uid.as_deref() == Some(uid)));
+        let (mut joining, mut leaving, mut gone) = (Vec::new(), Vec::new(), Vec::new());
+        for step in enrol::plan(&pods, &agent.registered()) {
+            match step {
+                Step::Enrol { pod, ips } => {
+                    let due = pod
+                        .uid
+                        .as_ref()
+                        .and_then(|uid| self.failed.get(uid))
+                        .is_none_or(|(at, _)| *at <= now);
+                    if due {
+                        joining.push((pod, ips));
+                    }
+                }
+                Step::Leave {
+                    container_id,
+                    pod,
+                    reason,
+                } => leaving.push((container_id, pod, reason)),
+                Step::Forget { container_id } => gone.push(container_id),
+            }
+        }
+        if !joining.is_empty() {
+            self.join(view, agent, metrics, joining).await;
+        }
+        if !leaving.is_empty() {
+            let ids: Vec<String> = leaving.iter().map(|(id, _, _)| id.clone()).collect();
+            let agent_ = agent.clone();
+            if let Ok(results) = tokio::task::spawn_blocking(move || agent_.leave(&ids)).await {
+                for (pod, result) in results {
+                    let reason = leaving
+                        .iter()
+                        .find(|(_, p, _)| *p == pod)
+                        .map(|(_, _, r)| r.clone())
+                        .unwrap_or_default();
+                    let note = match &result {
+                        Ok(()) => format!(
+                            "aether-proxy on {} took the running pod out of the mesh ({reason}): new connections go direct",
+                            self.node
+                        ),
+                        Err(e) => format!(
+                            "aether-proxy on {} cannot take the pod out of the mesh: {e}",
+                            self.node
+                        ),
+                    };
+                    metrics.enrolment("leave", result.is_ok());
+                    self.event(view, &pod, result.is_ok(), "Unmeshed", "UnmeshFailed", note)
+                        .await;
+                }
+            }
+        }
+        if !gone.is_empty() {
+            let agent_ = agent.clone();
+            let _ = tokio::task::spawn_blocking(move || agent_.forget(&gone)).await;
+        }
+        self.failed.values().map(|(at, _)| *at).min()
+    }
+
+    async fn join(
+        &mut self,
+        view: &ClusterView,
+        agent: &Arc<Agent>,
+        metrics: &Metrics,
+        joining: Vec<(PodRef, Vec<IpAddr>)>,
+    ) {
+        let wanted: Vec<IpAddr> = joining.iter().flat_map(|(_, ips)| ips.clone()).collect();
+        let found = tokio::task::spawn_blocking(move || {
+            crate::netns::holding(std::path::Path::new(NETNS_DIR), &wanted)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| format!("cannot read {NETNS_DIR}: {e}")));
+        let mut enrolments = Vec::new();
+        let mut results = Vec::new();
+        for (pod, ips) in joining {
+            let netns =
+                match &found {
+                    Ok(found) => ips.iter().find_map(|ip| found.get(ip)).cloned().ok_or_else(
+                        || {
+                            format!(
+                                "no network namespace under {NETNS_DIR} holds the pod's address {}",
+                                ips.iter()
+                                    .map(ToString::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        },
+                    ),
+                    Err(e) => Err(e.clone()),
+                };
+            match netns {
+                Ok(netns) => enrolments.push(Enrolment { pod, netns, ips }),
+                Err(e) => results.push((pod, Err(e))),
+            }
+        }
+        if !enrolments.is_empty() {
+            let agent_ = agent.clone();
+            match tokio::task::spawn_blocking(move || agent_.enrol(enrolments)).await {
+                Ok(done) => results.extend(done),
+                Err(e) => warn!(error = %e, "enrolling running pods failed"),
+            }
+        }
+        let retry = tokio::time::Instant::now() + ENROL_RETRY;
+        for (pod, result) in results {
+            metrics.enrolment("enrol", result.is_ok());
+            let uid = pod.uid.clone().unwrap_or_default();
+            match result {
+                Ok(()) => {
+                    self.failed.remove(&uid);
+                    let note = format!(
+                        "aether-proxy on {} meshed the running pod: capture table installed, listeners open; new connections are captured, open ones are left as they are",
+                        self.node
+                    );
+                    self.event(view, &pod, true, "Meshed", "", note).await;
+                }
+                Err(e) => {
+                    let repeated = self.failed.get(&uid).is_some_and(|(_, last)| *last == e);
+                    self.failed.insert(uid, (retry, e.clone()));
+                    if !repeated {
+                        warn!(pod = %pod, error = %e, "cannot mesh a running pod; retrying");
+                        let note = format!(
+                            "aether-proxy on {} cannot mesh the running pod: {e}",
+                            self.node
+                        );
+                        self.event(view, &pod, false, "", "MeshFailed", note).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn event(
+        &self,
+        view: &ClusterView,
+        pod: &PodRef,
+        ok: bool,
+        done: &str,
+        failed: &str,
+        note: String,
+    ) {
+        let Some(object) = view.pod(pod) else {
+            return;
+        };
+        let event = Event {
+            type_: if ok {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: if ok { done } else { failed }.into(),
+            note: Some(note),
+            action: "Enrol".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            warn!(error = %e, "cannot publish an enrolment Event");
+        }
+    }
+}
+
 /// Rebuilds the snapshot after every change, brings the pods' tables to its capture set,
-/// reports the applied generation on the NodeConfig, keeps the trust bundle and the wanted
-/// SVIDs current. Runs forever.
+/// meshes and unmeshes running pods (`Enroller`), reports the applied generation and the
+/// captured pods on the NodeConfig, keeps the trust bundle and the wanted SVIDs current. Runs
+/// until `stop` turns true (an uninstall must not see pods meshed again behind it), ending
+/// between passes.
+#[allow(clippy::too_many_arguments)]
 pub async fn apply_changes(
     client: kube::Client,
     view: Arc<ClusterView>,
@@ -277,9 +524,12 @@ pub async fn apply_changes(
     trust: Arc<TrustStore>,
     wanted: watch::Sender<BTreeSet<ServiceAccount>>,
     metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
 ) {
+    let mut enroller = Enroller::new(client.clone(), &view.node);
     let configs: Api<NodeConfig> = Api::all(client);
     let mut reported: Option<i64> = None;
+    let mut reported_pods: Option<Vec<String>> = None;
     loop {
         let previous = cell.load();
         let snapshot = Arc::new(view.snapshot(&previous));
@@ -314,7 +564,22 @@ pub async fn apply_changes(
                 false
             }
         };
-        metrics.captured_pods.set(agent.registered().len() as i64);
+        let retry = enroller.pass(&view, &agent, &metrics).await;
+        let captured = agent.registered();
+        metrics.captured_pods.set(captured.len() as i64);
+        let mut names: Vec<String> = captured.iter().map(|p| p.pod.to_string()).collect();
+        names.sort();
+        names.dedup();
+        if reported_pods.as_ref() != Some(&names) {
+            let status = serde_json::json!({"status": {"capturedPods": names, "capturedPodCount": names.len()}});
+            match configs
+                .patch_status(&view.node, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                Ok(_) => reported_pods = Some(names),
+                Err(e) => warn!(error = %e, "cannot report the node's captured pods"),
+            }
+        }
         if let Some(generation) = generation
             && applied
             && reported != Some(generation)
@@ -334,7 +599,15 @@ pub async fn apply_changes(
                 }
             }
         }
-        view.changed.notified().await;
+        let due = retry.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            _ = view.changed.notified() => {}
+            _ = tokio::time::sleep_until(due) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
         tokio::time::sleep(DEBOUNCE).await;
     }
 }

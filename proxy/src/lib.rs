@@ -5,6 +5,7 @@
 //!   drift repair.
 //! - [`registry`]: the registered pods, persisted so a restarted proxy reopens their listeners.
 //! - [`pod_view`]: namespace labels and pod annotations, which decide whether a pod is meshed.
+//! - [`enrol`]: which running pods of the node to mesh or take out of the mesh, no restart.
 //! - [`capture_set`]: the route-target ClusterIP:ports every meshed pod's table captures.
 //! - [`listeners`]: per-pod capture and inbound listeners.
 //! - [`netns`]: every `setns(2)`: sockets inside a pod's network namespace, `SO_ORIGINAL_DST`.
@@ -24,6 +25,7 @@ pub mod cluster;
 pub mod cni_kubeconfig;
 pub mod cni_server;
 pub mod dataplane;
+pub mod enrol;
 pub mod fuzzing;
 pub mod identity;
 pub mod listeners;

@@ -165,6 +165,24 @@ impl Listeners {
         }
     }
 
+    /// The pod leaves the mesh: its listeners keep accepting for `linger` (peers that still
+    /// see it meshed keep reaching its inbound port while that news travels), then stop; the
+    /// connections open then get `drain` to finish. It is forgotten at once: a new
+    /// registration opens listeners anew.
+    pub fn retire(&mut self, key: &str, linger: Duration, drain: Duration) {
+        if let Some(pod) = self.pods.remove(key) {
+            let handler = self.handler.clone();
+            self.runtime.spawn(async move {
+                tokio::time::sleep(linger).await;
+                pod.stop.send_replace(Some(drain));
+                for task in pod.tasks {
+                    let _ = task.await;
+                }
+                handler.forget(&pod.info);
+            });
+        }
+    }
+
     /// Whether the pod's listeners are all open and accepting.
     pub fn is_open(&self, key: &str) -> bool {
         self.pods

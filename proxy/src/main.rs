@@ -231,7 +231,7 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
         .map_or_else(Nft::default, Nft::program);
     let mut cluster = None;
     let (stopping, _) = watch::channel(false);
-    let mut repair = None;
+    let (mut repair, mut apply) = (None, None);
     let (agent, capture_file) = match &args.capture_set {
         Some(path) => {
             let capture = CaptureSet::load(path)?;
@@ -316,7 +316,7 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 }),
             };
             tokio::spawn(svid::maintain(ca, certs, wanted_rx, metrics.clone()));
-            tokio::spawn(cluster::apply_changes(
+            apply = Some(tokio::spawn(cluster::apply_changes(
                 client.clone(),
                 view.clone(),
                 agent.clone(),
@@ -324,7 +324,8 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 trust,
                 wanted,
                 metrics.clone(),
-            ));
+                stopping.subscribe(),
+            )));
             repair = Some(tokio::spawn(cluster::repair_drift(
                 client.clone(),
                 view.clone(),
@@ -361,8 +362,8 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
     let _ = stop.send(());
     server.await.context("the CNI server")?;
     let _ = stopping.send(true);
-    if let Some(repair) = repair {
-        let _ = repair.await;
+    for task in [repair, apply].into_iter().flatten() {
+        let _ = task.await;
     }
     if let Some(view) = cluster
         && view.is_uninstalling().await

@@ -70,6 +70,14 @@ pub struct DriftLabels {
     pub what: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EnrolmentLabels {
+    /// `enrol` or `leave`.
+    pub action: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -79,6 +87,7 @@ pub struct Metrics {
     handshakes: Family<HandshakeLabels, Counter>,
     svids: Family<ResultLabels, Counter>,
     drift: Family<DriftLabels, Counter>,
+    enrolments: Family<EnrolmentLabels, Counter>,
     pub captured_pods: Gauge,
     pub config_generation: Gauge,
 }
@@ -99,6 +108,7 @@ impl Metrics {
         let handshakes = Family::<HandshakeLabels, Counter>::default();
         let svids = Family::<ResultLabels, Counter>::default();
         let drift = Family::<DriftLabels, Counter>::default();
+        let enrolments = Family::<EnrolmentLabels, Counter>::default();
         let captured_pods = Gauge::default();
         let config_generation = Gauge::default();
         registry.register(
@@ -127,6 +137,11 @@ impl Metrics {
             drift.clone(),
         );
         registry.register(
+            "enrolments",
+            "Running pods meshed (enrol) or taken out of the mesh (leave) with no restart, by result",
+            enrolments.clone(),
+        );
+        registry.register(
             "captured_pods",
             "Pods registered with this proxy",
             captured_pods.clone(),
@@ -144,6 +159,7 @@ impl Metrics {
             handshakes,
             svids,
             drift,
+            enrolments,
             captured_pods,
             config_generation,
         }
@@ -172,6 +188,13 @@ impl Metrics {
 
     pub fn drift_repaired(&self, what: &'static str) {
         self.drift.get_or_create(&DriftLabels { what }).inc();
+    }
+
+    pub fn enrolment(&self, action: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.enrolments
+            .get_or_create(&EnrolmentLabels { action, result })
+            .inc();
     }
 
     pub fn text(&self) -> String {

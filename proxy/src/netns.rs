@@ -92,6 +92,35 @@ pub async fn connect_from(
 /// The addresses of the proxy's own network namespace, the node's (the proxy runs on the
 /// host network), loopback excluded: where the kubelet's probes of a pod come from.
 pub fn host_addresses() -> io::Result<Vec<std::net::IpAddr>> {
+    interface_addresses()
+}
+
+/// The network namespace under `dir` (the runtime's, `/var/run/netns`) that holds each of
+/// `wanted`'s addresses: how the proxy finds the namespace of a pod that started before it
+/// could register it (the pod's IP is in its status; the runtime named the namespace).
+/// Namespaces that cannot be entered are skipped.
+pub fn holding(
+    dir: &Path,
+    wanted: &[std::net::IpAddr],
+) -> io::Result<std::collections::HashMap<std::net::IpAddr, PathBuf>> {
+    let mut found = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        if found.len() == wanted.len() {
+            break;
+        }
+        let path = entry?.path();
+        let Ok(Ok(addresses)) = in_netns(&path, interface_addresses) else {
+            continue;
+        };
+        for ip in addresses.into_iter().filter(|ip| wanted.contains(ip)) {
+            found.insert(ip, path.clone());
+        }
+    }
+    Ok(found)
+}
+
+/// The calling thread's network namespace's addresses, loopback excluded.
+fn interface_addresses() -> io::Result<Vec<std::net::IpAddr>> {
     let mut out = Vec::new();
     for interface in nix::ifaddrs::getifaddrs()? {
         let Some(address) = interface.address else {

@@ -41,6 +41,33 @@ impl RegisteredPod {
     }
 }
 
+/// The container id under which the proxy registers a running pod it meshed itself (one
+/// that started before its namespace was opted in, or before this proxy was installed): the
+/// runtime never knew the pod by it, so the runtime's GC keeps it, and the proxy forgets the
+/// pod itself when it goes.
+pub fn enrolled_id(pod_uid: &str) -> String {
+    format!("{ENROLLED_PREFIX}{pod_uid}")
+}
+
+const ENROLLED_PREFIX: &str = "aether-enrolled:";
+
+impl RegisteredPod {
+    /// Registered by the proxy itself rather than by the CNI plugin.
+    pub fn enrolled(&self) -> bool {
+        self.container_id.starts_with(ENROLLED_PREFIX)
+    }
+
+    /// Whether this registration is of `pod` (the same uid when both know it).
+    pub fn is_of(&self, pod: &PodRef) -> bool {
+        self.pod.namespace == pod.namespace
+            && self.pod.name == pod.name
+            && match (&self.pod.uid, &pod.uid) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+}
+
 /// Registrations by container id: the runtime's key for DEL and GC.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registry {
@@ -102,11 +129,12 @@ impl Registry {
         }
     }
 
-    /// Keeps only the containers in `valid` (the runtime's GC list); returns the others.
+    /// Keeps only the containers in `valid` (the runtime's GC list), and the pods the proxy
+    /// enrolled itself; returns the others.
     pub fn retain_valid(&mut self, valid: &[String]) -> Vec<RegisteredPod> {
         let (kept, removed) = std::mem::take(&mut self.pods)
             .into_iter()
-            .partition(|(id, _)| valid.contains(id));
+            .partition(|(id, pod)| pod.enrolled() || valid.contains(id));
         self.pods = kept;
         removed.into_values().collect()
     }

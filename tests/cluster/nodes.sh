@@ -147,6 +147,8 @@ evictionHard:
   nodefs.inodesFree: "0%"
   imagefs.available: "0%"
 serializeImagePulls: false
+# Room for the enrolment bench's 100 pods on one node beside the cluster's own.
+maxPods: 250
 EOF
 }
 
@@ -242,11 +244,27 @@ kill_node() {
 
 # ---------------------------------------------------------------- commands
 
+# import_images NODE: imports the archives made since the node last imported into its
+# containerd (node-init.sh imports all of them at start), so a running cluster runs the
+# images just built.
+import_images() {
+    local node="$1" stamp="$RUN/$1.images" archive
+    for archive in "$AETHER_IMAGES"/*.tar; do
+        [ "$archive" -nt "$stamp" ] || continue
+        nsenter --target "$(cat "$RUN/$node.pid")" --mount -- \
+            ctr --address /run/containerd/containerd.sock --namespace k8s.io images import "$archive" >/dev/null
+        log "imported $(basename "$archive") into $node"
+    done
+    touch "$stamp"
+}
+
 launch_node() {
     local node="$1" cg
     if running "$node"; then
+        import_images "$node"
         return
     fi
+    touch "$RUN/$node.images"
     make_cgroups "$node"
     (
         while read -r cg; do echo "$BASHPID" > "$cg/cgroup.procs"; done < "$AETHER_NODES_DIR/$node/cgroups"
@@ -296,7 +314,7 @@ cmd_down() {
         [ -d "$dir" ] || continue
         node="$(basename "$dir")"
         kill_node "$node"
-        rm -f "$RUN/$node".pid "$RUN/$node"-*.pid "$RUN/$node"-*.hold
+        rm -f "$RUN/$node".pid "$RUN/$node".images "$RUN/$node"-*.pid "$RUN/$node"-*.hold
     done
     # The mount points made for the nodes go too; one that cannot (something wrote into it
     # on the machine) stays listed, and down.sh names it.

@@ -88,6 +88,18 @@ fn uri_addr(uri: &Uri) -> Option<SocketAddr> {
     Some(SocketAddr::new(host.parse().ok()?, authority.port_u16()?))
 }
 
+/// How long a request waits for its pod's first SVID before it is refused.
+const SVID_WAIT: Duration = Duration::from_secs(3);
+
+/// The pauses before trying a refused connection to a peer's inbound port again: a pod that
+/// has just joined the mesh opens its listener a moment after the news reaches this proxy.
+const REFUSED_PAUSES: [Duration; 4] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+];
+
 async fn connect(netns: &Path, to: SocketAddr) -> Result<TcpStream, NetnsError> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(netns, to))
         .await
@@ -180,7 +192,7 @@ impl PodClients {
         if let Some(conn) = self.pooled(source, to) {
             return Ok((conn, Fresh(false)));
         }
-        if !certs.has(source) {
+        if !certs.wait_for(source, SVID_WAIT).await {
             return Err(ClientError::NoSvid(source.clone()));
         }
         // Boxed: the handshake's large state would otherwise be part of every request's future.
@@ -211,12 +223,24 @@ impl PodClients {
         trust: &TrustStore,
         to: SocketAddr,
     ) -> Result<MeshConn, ClientError> {
-        let tcp = connect(&self.netns, to)
-            .await
-            .map_err(|e| ClientError::Connect {
-                to,
-                reason: e.to_string(),
-            })?;
+        let mut pauses = REFUSED_PAUSES.iter();
+        let tcp = loop {
+            match connect(&self.netns, to).await {
+                Ok(tcp) => break tcp,
+                Err(NetnsError::Connect { source, .. })
+                    if source.kind() == std::io::ErrorKind::ConnectionRefused
+                        && let Some(pause) = pauses.next() =>
+                {
+                    tokio::time::sleep(*pause).await;
+                }
+                Err(e) => {
+                    return Err(ClientError::Connect {
+                        to,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        };
         let handshake = tokio_rustls::TlsConnector::from(config)
             .connect(ServerName::IpAddress(to.ip().into()), tcp);
         let tls = tokio::time::timeout(CONNECT_TIMEOUT, handshake)

@@ -151,6 +151,8 @@ pub fn peer_service_account(
 pub struct Certs {
     trust: Arc<TrustStore>,
     slots: Mutex<HashMap<ServiceAccount, Arc<Slot>>>,
+    /// Woken at every install, for connections waiting for a pod's first SVID.
+    installed: tokio::sync::Notify,
 }
 
 /// One ServiceAccount's current certificate and the configurations that read it.
@@ -166,6 +168,7 @@ impl Certs {
         Arc::new(Certs {
             trust,
             slots: Mutex::default(),
+            installed: tokio::sync::Notify::new(),
         })
     }
 
@@ -194,7 +197,23 @@ impl Certs {
             .keys_match()
             .map_err(|e| TlsError::Key(e.to_string()))?;
         *self.slot(sa).key.write().unwrap_or_else(|e| e.into_inner()) = Some(certified);
+        self.installed.notify_waiters();
         Ok(())
+    }
+
+    /// Waits up to `within` for `sa` to have an SVID: a pod that has just been meshed
+    /// (started, or joined with its namespace) gets its first one a moment later. Whether it has.
+    pub async fn wait_for(&self, sa: &ServiceAccount, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let installed = self.installed.notified();
+            if self.has(sa) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, installed).await.is_err() {
+                return self.has(sa);
+            }
+        }
     }
 
     /// Forgets the SVID of `sa` (its last pod left the node).

@@ -26,7 +26,7 @@ fn manifest() -> String {
          \x20       image: {IMAGE}\n\
          \x20       command: [sh, -c, \"trap 'exit 0' TERM; while :; do sleep 3600 & wait; done\"]\n\
          \x20       securityContext: {{privileged: true}}\n\
-         \x20       volumeMounts: [{{name: host, mountPath: /host, mountPropagation: HostToContainer}}]\n\
+         \x20       volumeMounts: [{{name: host, mountPath: /host, mountPropagation: Bidirectional}}]\n\
          \x20     volumes: [{{name: host, hostPath: {{path: /}}}}]\n"
     )
 }

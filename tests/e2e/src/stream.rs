@@ -38,20 +38,35 @@ pub async fn apply_split(cluster: &Cluster) -> Result<PathBuf> {
 
 pub struct Stream {
     pods: Api<Pod>,
+    namespace: String,
     count: u64,
     length: Duration,
 }
 
 impl Stream {
-    /// Starts `qps` requests a second for `length` from a new pod, once it runs.
+    /// Starts `qps` requests a second for `length` to the mesh namespace's `http://echo/v2`,
+    /// from a new pod there, once it runs.
     pub async fn start(cluster: &Cluster, length: Duration, qps: u64) -> Result<Stream> {
+        Stream::start_in(cluster, MESH_NS, "http://echo/v2", None, length, qps).await
+    }
+
+    /// Starts `qps` requests a second for `length` to `url` from a new pod in `namespace`
+    /// (ServiceAccount `stream`, on `node` if given), once it runs.
+    pub async fn start_in(
+        cluster: &Cluster,
+        namespace: &str,
+        url: &str,
+        node: Option<&str>,
+        length: Duration,
+        qps: u64,
+    ) -> Result<Stream> {
         let count = length.as_secs() * qps;
         // The client's timeout bounds the whole run, not one request.
         let timeout = format!("{}s", length.as_secs() + 60);
         cluster.apply_text(&format!(
-            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {POD}, namespace: {MESH_NS}}}\n"
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {POD}, namespace: {namespace}}}\n"
         ))?;
-        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MESH_NS);
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
         if pods.get_opt(POD).await?.is_some() {
             pods.delete(POD, &DeleteParams::default()).await?;
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -62,18 +77,21 @@ impl Stream {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
-        let manifest = serde_json::json!({
+        let mut manifest = serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": POD, "namespace": MESH_NS, "labels": {"app": "stream"}},
+            "metadata": {"name": POD, "namespace": namespace, "labels": {"app": "stream"}},
             "spec": {
                 "serviceAccountName": POD,
                 "restartPolicy": "Never",
                 "containers": [{
                     "name": "client", "image": ECHO_IMAGE, "command": ["client"],
-                    "args": ["http://echo/v2", "--count", count.to_string(), "--qps", qps.to_string(), "--timeout", timeout],
+                    "args": [url, "--count", count.to_string(), "--qps", qps.to_string(), "--timeout", timeout],
                 }],
             },
         });
+        if let Some(node) = node {
+            manifest["spec"]["nodeName"] = serde_json::json!(node);
+        }
         cluster.apply_text(&manifest.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -88,22 +106,23 @@ impl Stream {
         }
         Ok(Stream {
             pods,
+            namespace: namespace.to_owned(),
             count,
             length,
         })
     }
 
-    /// Waits for the end of the stream and checks that every request was answered 200 by
-    /// echo-v2, which saw the stream pod's SPIFFE ID. Returns the number of requests.
-    pub async fn expect_all_served(self, cluster: &Cluster) -> Result<usize> {
-        let Stream {
-            pods,
-            count,
-            length,
-        } = self;
-        let deadline = Instant::now() + length + Duration::from_secs(120);
+    /// The identity the stream's requests carry when they go through the mesh.
+    pub fn identity(&self) -> String {
+        format!("spiffe://{TRUST_DOMAIN}/ns/{}/sa/{POD}", self.namespace)
+    }
+
+    /// Waits for the end of the stream and returns every request's answer, in order; fails
+    /// unless every request was answered 200 by a pod of `backend`.
+    pub async fn finish(self, cluster: &Cluster, backend: &str) -> Result<Vec<echo::Exchange>> {
+        let deadline = Instant::now() + self.length + Duration::from_secs(120);
         let pod = loop {
-            let pod = pods.get(POD).await?;
+            let pod = self.pods.get(POD).await?;
             if matches!(phase(&pod).as_str(), "Succeeded" | "Failed") {
                 break pod;
             }
@@ -113,26 +132,43 @@ impl Stream {
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         let log = cluster.logs(&pod, "client")?;
-        let exchanges = echo::parse(&log);
-        let expected = format!("spiffe://{TRUST_DOMAIN}/ns/{MESH_NS}/sa/{POD}");
+        let mut exchanges = echo::parse(&log);
+        exchanges.sort_by_key(|e| e.index);
         let failed: Vec<String> = exchanges
             .iter()
-            .filter(|e| {
-                e.status != Some(200)
-                    || !e.body.hostname.starts_with("echo-v2")
-                    || e.body.identity().as_deref() != Some(expected.as_str())
-            })
+            .filter(|e| e.status != Some(200) || !e.body.hostname.starts_with(backend))
             .map(|e| format!("#{}: {:?} {:?}", e.index, e.status, e.body.hostname))
             .collect();
         let succeeded = phase(&pod) == "Succeeded";
-        pods.delete(POD, &DeleteParams::default()).await?;
-        if !succeeded || exchanges.len() as u64 != count || !failed.is_empty() {
+        self.pods.delete(POD, &DeleteParams::default()).await?;
+        if !succeeded || exchanges.len() as u64 != self.count || !failed.is_empty() {
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             bail!(
-                "the stream saw failures ({} of {count} answered; client {}): {:?}; last lines: {tail:?}",
+                "the stream saw failures ({} of {} answered; client {}): {:?}; last lines: {tail:?}",
                 exchanges.len(),
+                self.count,
                 if succeeded { "succeeded" } else { "failed" },
                 failed.iter().take(10).collect::<Vec<_>>(),
+            );
+        }
+        Ok(exchanges)
+    }
+
+    /// Waits for the end of the stream and checks that every request was answered 200 by
+    /// echo-v2, which saw the stream pod's SPIFFE ID. Returns the number of requests.
+    pub async fn expect_all_served(self, cluster: &Cluster) -> Result<usize> {
+        let expected = self.identity();
+        let exchanges = self.finish(cluster, "echo-v2").await?;
+        let unidentified: Vec<usize> = exchanges
+            .iter()
+            .filter(|e| e.body.identity().as_deref() != Some(expected.as_str()))
+            .map(|e| e.index)
+            .collect();
+        if !unidentified.is_empty() {
+            bail!(
+                "{} requests reached echo-v2 without the caller's identity, the first {:?}",
+                unidentified.len(),
+                &unidentified[..unidentified.len().min(10)]
             );
         }
         Ok(exchanges.len())
