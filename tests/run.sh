@@ -14,6 +14,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$AETHER_CACHE/target}"
 mkdir -p "$CARGO_TARGET_DIR"
 
 cargo build --workspace --all-targets
+# The suite starts on a new cluster: whatever a killed run or a restarted machine left goes.
+tests/cluster/down.sh
 trap 'tests/cluster/down.sh >/dev/null 2>&1 || echo "tests/cluster/down.sh failed" >&2' EXIT
 tests/cluster/up.sh
 tests/cluster/smoke.sh

@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use aether_crds::well_known::DERIVED_LABEL;
 use aether_crds::{NodeConfig, NodeConfigSpec, RouteTarget, RouteTargetSpec};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::node_config::{self, Shared};
 use crate::status;
 use crate::targets::{Target, compile_all};
+use crate::writes::{self, Write, WriteError};
 
 const FIELD_MANAGER: &str = "aether-operator";
 /// Changes arriving within this window are handled together.
@@ -39,12 +41,14 @@ const STATUS_WRITES_IN_FLIGHT: usize = 8;
 /// and a burst of route changes needs only the last one.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
-type Write<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + 'a>>;
 /// A NodeConfig write: the node and the generation it wrote.
 type ConfigWrite<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = anyhow::Result<(String, Option<i64>)>> + Send + 'a>,
+    Box<dyn std::future::Future<Output = Result<(String, Option<i64>), WriteError>> + Send + 'a>,
 >;
+/// A pass that wrote with failures is run again after this long at first, doubling up to
+/// [`MAX_RETRY`]; the objects that did not fail converge meanwhile.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// Replaces a NodeConfig's spec (a JSON patch), leaving its status to the proxy; the object
 /// as written.
@@ -52,13 +56,13 @@ async fn replace_spec(
     api: &Api<NodeConfig>,
     node: &str,
     spec: &NodeConfigSpec,
-) -> anyhow::Result<NodeConfig> {
+) -> Result<NodeConfig, kube::Error> {
     let patch: json_patch::Patch = serde_json::from_value(
         serde_json::json!([{"op": "replace", "path": "/spec", "value": spec}]),
-    )?;
-    Ok(api
-        .patch(node, &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await?)
+    )
+    .map_err(kube::Error::SerdeError)?;
+    api.patch(node, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
 }
 
 /// A pass allocates and frees tens of MB on whichever runtime threads run it; glibc keeps
@@ -70,15 +74,6 @@ fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-/// Runs a pass's writes concurrently; the first error fails the pass (it is retried).
-async fn write_all(writes: Vec<Write<'_>>, in_flight: usize) -> anyhow::Result<()> {
-    futures::stream::iter(writes)
-        .buffer_unordered(in_flight)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -125,19 +120,23 @@ pub async fn run(
         config,
         recorder,
         metrics,
+        leader: leader.clone(),
     });
     let (models, model) = watch::channel(None);
-    tokio::spawn(status_loop(
-        writer.clone(),
-        stores.clone(),
-        model,
-        leader.clone(),
-    ));
+    let mut statuses = tokio::spawn(status_loop(writer.clone(), stores.clone(), model));
     let mut index = Arc::new(Index::default());
+    let mut retry = Retry::default();
     loop {
         tokio::select! {
             _ = changes.notify.notified() => {}
             _ = leader.changed() => {}
+            _ = retry.due() => {}
+            // The status loop never ends by itself: if it did (a panic), this replica would
+            // write no status any more; ending here makes the process exit and restart.
+            ended = &mut statuses => {
+                tracing::error!(error = ?ended.err(), "the status loop ended");
+                return;
+            }
         }
         tokio::time::sleep(DEBOUNCE).await;
         // The index follows the caches on every replica, so a new leader starts up to date.
@@ -152,10 +151,10 @@ pub async fn run(
         let targets = compile_all(&index);
         let shared = Shared::new(&index, &targets, &writer.config.trust_domain);
         let compiled = started.elapsed();
-        let result = writer.configs(&stores, &index, &targets, &shared).await;
+        let (required, failed) = writer.configs(&stores, &index, &targets, &shared).await;
         writer
             .metrics
-            .observe("config", started.elapsed(), result.is_ok());
+            .observe("config", started.elapsed(), failed.is_empty());
         tracing::debug!(
             parts = changed.len(),
             index_ms = indexed.as_millis() as u64,
@@ -164,10 +163,6 @@ pub async fn run(
             targets = targets.len(),
             "config pass"
         );
-        let required = match &result {
-            Ok(required) => required.clone(),
-            Err(_) => status::Required::new(),
-        };
         let _ = models.send(Some(Arc::new(Model {
             index: index.clone(),
             targets,
@@ -175,10 +170,34 @@ pub async fn run(
             required,
         })));
         release_freed_memory();
-        if let Err(error) = result {
-            tracing::warn!(error = format!("{error:#}"), "config pass failed; retrying");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            changes.notify.notify_one();
+        writer.report("config", &failed);
+        retry.after(&failed);
+    }
+}
+
+/// When a pass whose writes failed is run again without a change to set it off: soon at
+/// first, then backing off while the same objects keep failing.
+#[derive(Default)]
+struct Retry {
+    at: Option<tokio::time::Instant>,
+    delay: Option<Duration>,
+}
+
+impl Retry {
+    fn after(&mut self, failed: &[WriteError]) {
+        if failed.is_empty() {
+            *self = Retry::default();
+            return;
+        }
+        let delay = self.delay.map_or(FIRST_RETRY, |d| (d * 2).min(MAX_RETRY));
+        self.delay = Some(delay);
+        self.at = Some(tokio::time::Instant::now() + delay);
+    }
+
+    async fn due(&self) {
+        match self.at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
         }
     }
 }
@@ -188,27 +207,28 @@ async fn status_loop(
     writer: Arc<Writer>,
     stores: Arc<Stores>,
     mut model: watch::Receiver<Option<Arc<Model>>>,
-    leader: watch::Receiver<bool>,
 ) {
-    while model.changed().await.is_ok() {
+    let mut retry = Retry::default();
+    loop {
+        tokio::select! {
+            changed = model.changed() => if changed.is_err() { return },
+            _ = retry.due() => {}
+        }
         tokio::time::sleep(STATUS_INTERVAL).await;
         let Some(current) = model.borrow_and_update().clone() else {
             continue;
         };
-        if !*leader.borrow() {
+        if !writer.leading() {
             continue;
         }
         let started = Instant::now();
-        let result = writer.status(&stores, &current).await;
+        let failed = writer.status(&stores, &current).await;
         writer
             .metrics
-            .observe("status", started.elapsed(), result.is_ok());
+            .observe("status", started.elapsed(), failed.is_empty());
         tracing::debug!(ms = started.elapsed().as_millis() as u64, "status pass");
-        if let Err(error) = result {
-            tracing::warn!(error = format!("{error:#}"), "status pass failed; retrying");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            model.mark_changed();
-        }
+        writer.report("status", &failed);
+        retry.after(&failed);
     }
 }
 
@@ -217,9 +237,23 @@ struct Writer {
     config: Config,
     recorder: Recorder,
     metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
 }
 
 impl Writer {
+    /// Logs and counts a pass's failed writes, each with its object.
+    fn report(&self, pass: &'static str, failed: &[WriteError]) {
+        for error in failed {
+            let reason = error.metric_label();
+            self.metrics.write_failed(reason);
+            if error.namespace_terminating() {
+                tracing::info!(pass, object = %error.object, "not written: its namespace is being deleted");
+            } else {
+                tracing::warn!(pass, object = %error.object, reason, error = %error.source, "write failed; the others went ahead, this one is retried");
+            }
+        }
+    }
+
     /// What the data plane reads: derived RouteTargets, then every node's config.
     async fn configs(
         &self,
@@ -227,16 +261,78 @@ impl Writer {
         index: &Index,
         targets: &BTreeMap<Key, Target>,
         shared: &Shared,
-    ) -> anyhow::Result<status::Required> {
-        self.derived_targets(stores, index, targets).await?;
-        self.node_configs(stores, index, targets, shared).await
+    ) -> (status::Required, Vec<WriteError>) {
+        let mut failed = self.derived_targets(stores, index, targets).await;
+        let (required, nodes) = self.node_configs(stores, index, targets, shared).await;
+        failed.extend(nodes);
+        (required, failed)
     }
 
-    async fn status(&self, stores: &Stores, model: &Model) -> anyhow::Result<()> {
+    async fn status(&self, stores: &Stores, model: &Model) -> Vec<WriteError> {
         let now = Time(Timestamp::now());
-        self.target_status(stores, model, &now).await?;
-        self.route_status(stores, &model.index, &model.targets, &now)
-            .await
+        let mut failed = self.target_status(stores, model, &now).await;
+        failed.extend(
+            self.route_status(stores, &model.index, &model.targets, &now)
+                .await,
+        );
+        failed
+    }
+
+    /// Whether this replica still leads: checked right before each write, so a replica that
+    /// lost its lease stops writing at once.
+    fn leading(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// A write that runs only while this replica leads.
+    fn guarded<'a>(&'a self, write: Write<'a>) -> Write<'a> {
+        Box::pin(async move { if self.leading() { write.await } else { Ok(()) } })
+    }
+
+    /// A Warning Event on every route that names the Service `key`: its RouteTarget could not
+    /// be written.
+    async fn target_write_failed(
+        &self,
+        stores: &Stores,
+        index: &Index,
+        key: &Key,
+        error: &WriteError,
+    ) {
+        let (namespace, service) = key;
+        let note = format!(
+            "cannot write RouteTarget {namespace}/{service} for this route's parentRef: {}",
+            error.source
+        );
+        for ((kind, route_namespace, name), source) in &index.routes {
+            if !source
+                .parents
+                .iter()
+                .any(|p| p.is_service(route_namespace, namespace, service))
+            {
+                continue;
+            }
+            let reference = match *kind {
+                "HTTPRoute" => stores
+                    .http_routes
+                    .get(&ObjectRef::new(name).within(route_namespace))
+                    .map(|r| r.object_ref(&())),
+                _ => stores
+                    .grpc_routes
+                    .get(&ObjectRef::new(name).within(route_namespace))
+                    .map(|r| r.object_ref(&())),
+            };
+            let Some(reference) = reference else { continue };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "TargetNotWritten".into(),
+                note: Some(note.clone()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "cannot publish event");
+            }
+        }
     }
 
     /// Creates a RouteTarget for each target Service without one, and deletes derived
@@ -246,7 +342,8 @@ impl Writer {
         stores: &Stores,
         index: &Index,
         targets: &BTreeMap<Key, Target>,
-    ) -> anyhow::Result<()> {
+    ) -> Vec<WriteError> {
+        let mut failed = Vec::new();
         let covered: BTreeSet<Key> = index
             .targets
             .iter()
@@ -283,6 +380,9 @@ impl Writer {
             target.metadata.namespace = Some(namespace.clone());
             target.metadata.labels = Some([(DERIVED_LABEL.to_owned(), "true".to_owned())].into());
             target.metadata.owner_references = (!owners.is_empty()).then_some(owners);
+            if !self.leading() {
+                return failed;
+            }
             let api: Api<RouteTarget> = Api::namespaced(self.client.clone(), namespace);
             match api
                 .create(
@@ -296,13 +396,17 @@ impl Writer {
             {
                 Ok(_) => tracing::info!(namespace, service, "created derived RouteTarget"),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    let error = WriteError::new(format!("RouteTarget {namespace}/{service}"), e);
+                    self.target_write_failed(stores, index, key, &error).await;
+                    failed.push(error);
+                }
             }
         }
         for ((namespace, name), target) in &index.targets {
             let service = (namespace.clone(), target.service.clone());
             let superseded = targets.get(&service).is_none_or(|t| t.hand_written());
-            if target.derived && superseded {
+            if target.derived && superseded && self.leading() {
                 let api: Api<RouteTarget> = Api::namespaced(self.client.clone(), namespace);
                 match api.delete(name, &DeleteParams::default()).await {
                     Ok(_) => tracing::info!(
@@ -311,19 +415,17 @@ impl Writer {
                         "deleted derived RouteTarget: no route names its Service, or a hand-written one does"
                     ),
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e.into()),
+                    Err(e) => failed.push(WriteError::new(
+                        format!("RouteTarget {namespace}/{name}"),
+                        e,
+                    )),
                 }
             }
         }
-        Ok(())
+        failed
     }
 
-    async fn target_status(
-        &self,
-        stores: &Stores,
-        model: &Model,
-        now: &Time,
-    ) -> anyhow::Result<()> {
+    async fn target_status(&self, stores: &Stores, model: &Model, now: &Time) -> Vec<WriteError> {
         let (index, targets) = (&*model.index, &model.targets);
         let mut writes: Vec<Write<'_>> = Vec::new();
         for object in stores.targets.state() {
@@ -366,21 +468,25 @@ impl Writer {
                 continue;
             }
             let previous = previous.cloned();
-            writes.push(Box::pin(async move {
+            writes.push(self.guarded(Box::pin(async move {
                 let api: Api<RouteTarget> = Api::namespaced(self.client.clone(), &namespace);
+                let name = object.name_any();
                 api.patch_status(
-                    &object.name_any(),
+                    &name,
                     &PatchParams::default(),
                     &Patch::Merge(serde_json::json!({"status": desired})),
                 )
-                .await?;
+                .await
+                .map_err(|e| {
+                    WriteError::new(format!("RouteTarget {namespace}/{name} status"), e)
+                })?;
                 self.metrics.writes.inc();
                 self.accepted_event(&object, previous.as_ref(), &desired)
                     .await;
                 Ok(())
-            }));
+            })));
         }
-        write_all(writes, STATUS_WRITES_IN_FLIGHT).await
+        writes::all(writes, STATUS_WRITES_IN_FLIGHT).await
     }
 
     /// An Event on the RouteTarget when its Accepted condition changes.
@@ -421,7 +527,7 @@ impl Writer {
         index: &Index,
         targets: &BTreeMap<Key, Target>,
         now: &Time,
-    ) -> anyhow::Result<()> {
+    ) -> Vec<WriteError> {
         let ours = status::route_parents(targets, index, now);
         let mut writes: Vec<Write<'_>> = Vec::new();
         for route in stores.http_routes.state() {
@@ -430,7 +536,8 @@ impl Writer {
                 route.namespace().unwrap_or_default(),
                 route.name_any(),
             );
-            let existing = serde_json::to_value(route.status.as_ref().map(|s| &s.parents))?;
+            let existing =
+                serde_json::to_value(route.status.as_ref().map(|s| &s.parents)).unwrap_or_default();
             writes.extend(self.write_route_status::<HttpRoute>(
                 key.clone(),
                 existing,
@@ -443,14 +550,15 @@ impl Writer {
                 route.namespace().unwrap_or_default(),
                 route.name_any(),
             );
-            let existing = serde_json::to_value(route.status.as_ref().map(|s| &s.parents))?;
+            let existing =
+                serde_json::to_value(route.status.as_ref().map(|s| &s.parents)).unwrap_or_default();
             writes.extend(self.write_route_status::<GrpcRoute>(
                 key.clone(),
                 existing,
                 ours.get(&key),
             ));
         }
-        write_all(writes, STATUS_WRITES_IN_FLIGHT).await
+        writes::all(writes, STATUS_WRITES_IN_FLIGHT).await
     }
 
     /// The write of a route's merged status.parents, if it changes.
@@ -474,17 +582,18 @@ impl Writer {
         if merged == existing {
             return None;
         }
-        Some(Box::pin(async move {
+        Some(self.guarded(Box::pin(async move {
             let api: Api<K> = Api::namespaced(self.client.clone(), &key.1);
             api.patch_status(
                 &key.2,
                 &PatchParams::default(),
                 &Patch::Merge(serde_json::json!({"status": {"parents": merged}})),
             )
-            .await?;
+            .await
+            .map_err(|e| WriteError::new(format!("{} {}/{} status", key.0, key.1, key.2), e))?;
             self.metrics.writes.inc();
             Ok(())
-        }))
+        })))
     }
 
     /// One NodeConfig per node; a node's object is written only when its content changes.
@@ -495,7 +604,7 @@ impl Writer {
         index: &Index,
         targets: &BTreeMap<Key, Target>,
         shared: &Shared,
-    ) -> anyhow::Result<status::Required> {
+    ) -> (status::Required, Vec<WriteError>) {
         let api: Api<NodeConfig> = Api::all(self.client.clone());
         let existing: BTreeMap<String, Arc<NodeConfig>> = stores
             .node_configs
@@ -516,10 +625,14 @@ impl Writer {
             }
             let api = api.clone();
             writes.push(Box::pin(async move {
+                let failed = |e| WriteError::new(format!("NodeConfig {node}"), e);
+                if !self.leading() {
+                    return Ok((node.clone(), None));
+                }
                 // The spec is the operator's alone: replaced whole, which costs the API
                 // server far less than a server-side apply of a large object.
                 let written = if exists {
-                    replace_spec(&api, node, &spec).await?
+                    replace_spec(&api, node, &spec).await.map_err(failed)?
                 } else {
                     let object = NodeConfig::new(node, spec.clone());
                     let params = PostParams {
@@ -530,9 +643,9 @@ impl Writer {
                         Ok(created) => created,
                         // Written by an earlier pass whose write the cache has not seen yet.
                         Err(kube::Error::Api(e)) if e.code == 409 => {
-                            replace_spec(&api, node, &spec).await?
+                            replace_spec(&api, node, &spec).await.map_err(failed)?
                         }
-                        Err(e) => return Err(e.into()),
+                        Err(e) => return Err(failed(e)),
                     }
                 };
                 self.metrics.writes.inc();
@@ -540,22 +653,30 @@ impl Writer {
                 Ok((node.clone(), written.metadata.generation))
             }));
         }
-        let written: Vec<(String, Option<i64>)> = futures::stream::iter(writes)
+        let results: Vec<Result<(String, Option<i64>), WriteError>> = futures::stream::iter(writes)
             .buffer_unordered(WRITES_IN_FLIGHT)
-            .try_collect()
-            .await?;
-        required.extend(
-            written
-                .into_iter()
-                .filter_map(|(node, generation)| Some((node, generation?))),
-        );
+            .collect()
+            .await;
+        let mut failed = Vec::new();
+        for result in results {
+            match result {
+                Ok((node, Some(generation))) => {
+                    required.insert(node, generation);
+                }
+                Ok((_, None)) => {}
+                Err(e) => failed.push(e),
+            }
+        }
         for name in existing.keys().filter(|n| !index.nodes.contains(*n)) {
+            if !self.leading() {
+                break;
+            }
             match api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => failed.push(WriteError::new(format!("NodeConfig {name}"), e)),
             }
         }
-        Ok(required)
+        (required, failed)
     }
 }

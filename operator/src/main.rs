@@ -86,9 +86,9 @@ async fn main() -> Result<()> {
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
     tracing::info!(addr = %args.metrics_addr, "serving /healthz, /readyz and /metrics");
     let scraped = metrics.clone();
-    tokio::spawn(aether_admin::serve(admin, move || scraped.text(), ready));
+    let admin = tokio::spawn(aether_admin::serve(admin, move || scraped.text(), ready));
     let (leading_tx, leading) = watch::channel(false);
-    tokio::spawn(leader::elect(
+    let election = tokio::spawn(leader::elect(
         client.clone(),
         args.namespace.clone(),
         "aether-operator".into(),
@@ -107,11 +107,19 @@ async fn main() -> Result<()> {
 
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
-        _ = controller => tracing::error!("the controller stopped"),
-    }
+    // Each task runs for the life of the process; one that ends (or panics) ends it with an
+    // error, so that the kubelet restarts a replica that would otherwise run half-working.
+    let ended = tokio::select! {
+        _ = terminate.recv() => { tracing::info!("SIGTERM: shutting down"); None }
+        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted: shutting down"); None }
+        result = admin => Some(("the admin endpoint", result)),
+        result = election => Some(("the leader election", result)),
+        result = controller => Some(("the controller", result)),
+    };
     ca.shutdown().await;
-    Ok(())
+    match ended {
+        None => Ok(()),
+        Some((task, Ok(()))) => anyhow::bail!("{task} stopped"),
+        Some((task, Err(e))) => anyhow::bail!("{task} failed: {e}"),
+    }
 }

@@ -12,6 +12,13 @@ use prometheus_client::registry::Registry;
 /// The two reconcile loops: `config` (derived RouteTargets, NodeConfigs: what the data
 /// plane reads) and `status` (RouteTarget and route status: what users read).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteErrorLabels {
+    /// `not_found`, `forbidden`, `conflict`, `invalid`, `server_error`, `refused` or
+    /// `unreachable` (see `writes::WriteError::metric_label`).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Pass {
     pub pass: &'static str,
 }
@@ -21,6 +28,7 @@ pub struct Metrics {
     reconciles: Family<Pass, Counter>,
     errors: Family<Pass, Counter>,
     pub writes: Counter,
+    write_errors: Family<WriteErrorLabels, Counter>,
     /// Changed parts of the index (a kind in a namespace) waiting for the next pass.
     pub queue_depth: Gauge,
     duration: Family<Pass, Histogram>,
@@ -32,6 +40,7 @@ impl Metrics {
         let reconciles = Family::<Pass, Counter>::default();
         let errors = Family::<Pass, Counter>::default();
         let writes = Counter::default();
+        let write_errors = Family::<WriteErrorLabels, Counter>::default();
         let queue_depth = Gauge::default();
         let duration = Family::<Pass, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.001, 2.0, 14))
@@ -39,13 +48,18 @@ impl Metrics {
         registry.register("reconciles", "Reconcile passes", reconciles.clone());
         registry.register(
             "reconcile_errors",
-            "Reconcile passes that failed and were retried",
+            "Reconcile passes with a failed write (retried)",
             errors.clone(),
         );
         registry.register(
             "writes",
             "Objects written to the API server (status, RouteTargets, NodeConfigs)",
             writes.clone(),
+        );
+        registry.register(
+            "write_errors",
+            "Writes of one object that failed (the pass's other writes went ahead), by reason",
+            write_errors.clone(),
         );
         registry.register(
             "queue_depth",
@@ -62,9 +76,16 @@ impl Metrics {
             reconciles,
             errors,
             writes,
+            write_errors,
             queue_depth,
             duration,
         }
+    }
+
+    pub fn write_failed(&self, reason: &'static str) {
+        self.write_errors
+            .get_or_create(&WriteErrorLabels { reason })
+            .inc();
     }
 
     pub fn observe(&self, pass: &'static str, took: Duration, ok: bool) {

@@ -216,6 +216,10 @@ cmd_up() {
     "$here/network.sh" up
     local started=$SECONDS
     mkdir -p "$AETHER_STATE" "$AETHER_LOGS" "$RUN"
+    # A PID file whose process is gone (it exited, or the machine restarted) is forgotten, so
+    # that waiting below watches only what runs.
+    local name
+    for name in "${COMPONENTS[@]}"; do pid_of "$name" >/dev/null || rm -f "$RUN/$name.pid"; done
     ensure_pki
     start etcd
     start kube-apiserver

@@ -31,9 +31,12 @@ MOUNTPOINTS="$AETHER_STATE/mountpoints"
 log() { printf '[nodes] %s\n' "$*"; }
 kubectl() { "$AETHER_BIN/kubectl" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }
 
+# running NAME [PROGRAM]: the process of $RUN/NAME.pid runs PROGRAM (a node's first process
+# is tini, see launch_node), so that a PID reused since the machine restarted is not ours.
 running() {
-    local pid
-    pid="$(cat "$RUN/$1.pid" 2>/dev/null)" && readlink "/proc/$pid/exe" >/dev/null 2>&1
+    local pid exe
+    pid="$(cat "$RUN/$1.pid" 2>/dev/null)" && exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" &&
+        [ "${exe##*/}" = "${2:-tini}" ]
 }
 
 # ---------------------------------------------------------------- provisioning
@@ -337,7 +340,7 @@ cmd_stop() {
     local node="$1" component="$2" pid
     check_component "$node" "$component"
     touch "$RUN/$node-$component.hold"
-    running "$node-$component" || return 0
+    running "$node-$component" "$component" || return 0
     pid="$(cat "$RUN/$node-$component.pid")"
     kill -TERM "$pid"
     for _ in $(seq 100); do readlink "/proc/$pid/exe" >/dev/null 2>&1 || break; sleep 0.1; done
@@ -350,7 +353,7 @@ cmd_start() {
     check_component "$node" "$component"
     rm -f "$RUN/$node-$component.hold"
     for _ in $(seq 50); do
-        running "$node-$component" && { log "started $component on $node"; return; }
+        running "$node-$component" "$component" && { log "started $component on $node"; return; }
         sleep 0.1
     done
     echo "$component did not start on $node; see $AETHER_LOGS/$node-$component.log" >&2

@@ -35,7 +35,7 @@ pub struct Paths {
 impl Paths {
     /// The paths `tests/cluster/lib.sh` uses, honouring the same overrides. Needs no cluster.
     pub fn from_env() -> Self {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let repo = aether_test_support::repo_root();
         let cache = std::env::var_os("AETHER_CACHE")
             .map(PathBuf::from)
             .unwrap_or_else(|| "/var/cache/aether".into());

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 /// The directory of the Go module that pins the release (and runs the upstream suite).
 pub fn module_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway-conformance")
+    crate::repo_root().join("tests/gateway-conformance")
 }
 
 /// The mesh conformance cases, as data.
