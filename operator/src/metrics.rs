@@ -9,15 +9,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// The two reconcile loops: `config` (derived RouteTargets, NodeConfigs: what the data
-/// plane reads) and `status` (RouteTarget and route status: what users read).
+/// A failed write's reason: `not_found`, `forbidden`, `conflict`, `invalid`, `server_error`,
+/// `refused` or `unreachable` (see `writes::WriteError::metric_label`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteErrorLabels {
-    /// `not_found`, `forbidden`, `conflict`, `invalid`, `server_error`, `refused` or
-    /// `unreachable` (see `writes::WriteError::metric_label`).
     pub reason: &'static str,
 }
 
+/// The two reconcile loops: `config` (derived RouteTargets, NodeConfigs: what the data
+/// plane reads) and `status` (RouteTarget and route status: what users read).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Pass {
     pub pass: &'static str,

@@ -60,6 +60,7 @@ pub struct Agent {
     hosts: Vec<IpAddr>,
     nft: Nft,
     registry_path: PathBuf,
+    state_dir: PathBuf,
     view: Arc<dyn PodView>,
     plane: Arc<DataPlane>,
     state: Mutex<State>,
@@ -122,6 +123,7 @@ impl Agent {
             hosts: config.hosts,
             nft: config.nft,
             registry_path,
+            state_dir: config.state_dir,
             view,
             plane,
             state: Mutex::new(State {
@@ -158,6 +160,7 @@ impl Agent {
         }
         *registry = kept;
         let update = self.sync_elements(&mut state, capture);
+        self.save_capture(&state.capture);
         info!(
             pods = state.registry.len(),
             generation = update.generation,
@@ -205,8 +208,18 @@ impl Agent {
             error!(error = %e, "cannot save the pod registry after a capture set update");
         }
         state.registry = next;
+        if capture != state.capture {
+            self.save_capture(&capture);
+        }
         state.capture = capture;
         update
+    }
+
+    /// Keeps the set the tables now hold for a restart without a NodeConfig to read.
+    fn save_capture(&self, capture: &CaptureSet) {
+        if let Err(e) = capture.save(&self.state_dir) {
+            error!(error = %e, "cannot save the capture set");
+        }
     }
 
     /// Answers one request of the CNI plugin.

@@ -1,6 +1,7 @@
 //! The capture set: every route-target ClusterIP:port that a meshed pod's table redirects to
-//! the proxy. In this slice it is read from a JSON file; the operator's per-node config
-//! (NodeConfig) will be its source later.
+//! the proxy. Its source is the node's NodeConfig (or a JSON file, for a proxy run without a
+//! cluster); the set the pods' tables were last brought to is kept in the state directory, so
+//! a proxy that restarts while the NodeConfig is missing keeps capturing what it did.
 
 use std::io;
 use std::net::SocketAddr;
@@ -22,6 +23,8 @@ pub struct CaptureSet {
 pub enum CaptureSetError {
     #[error("cannot read capture set {}: {source}", path.display())]
     Read { path: PathBuf, source: io::Error },
+    #[error("cannot write capture set {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
     #[error("capture set {}: {source}", path.display())]
     Invalid {
         path: PathBuf,
@@ -39,6 +42,9 @@ pub enum InvalidCaptureSet {
     #[error("target {0} has port 0")]
     PortZero(SocketAddr),
 }
+
+/// The file in the proxy's state directory with the set the pods' tables were last brought to.
+const SAVED_FILE: &str = "capture-set.json";
 
 impl CaptureSet {
     /// Parses and normalises the JSON form.
@@ -62,6 +68,27 @@ impl CaptureSet {
             path: path.to_owned(),
             source,
         })
+    }
+
+    /// The set last saved in `state_dir`, if any.
+    pub fn load_saved(state_dir: &Path) -> Result<Option<CaptureSet>, CaptureSetError> {
+        match CaptureSet::load(&state_dir.join(SAVED_FILE)) {
+            Ok(set) => Ok(Some(set)),
+            Err(CaptureSetError::Read { source, .. })
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn save(&self, state_dir: &Path) -> Result<(), CaptureSetError> {
+        let path = state_dir.join(SAVED_FILE);
+        serde_json::to_vec(self)
+            .map_err(io::Error::other)
+            .and_then(|json| crate::state_file::write_atomically(&path, &json))
+            .map_err(|source| CaptureSetError::Write { path, source })
     }
 }
 

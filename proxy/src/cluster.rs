@@ -19,6 +19,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -44,6 +45,20 @@ const BUNDLE_KEY: &str = "ca.crt";
 /// The field manager of the proxy's writes.
 const MANAGER: &str = "aether-proxy";
 
+/// Where aether is installed, as the proxy finds it.
+pub struct Install {
+    /// The install namespace, holding everything below.
+    pub namespace: String,
+    /// The trust bundle ConfigMap.
+    pub bundle: String,
+    /// The proxy's own DaemonSet.
+    pub daemonset: String,
+    /// The ConfigMap `helm uninstall` creates before it deletes anything.
+    pub uninstall_marker: String,
+    /// This proxy's pod, when it runs in one.
+    pub pod: Option<String>,
+}
+
 /// Caches of what this node's proxy needs to know.
 pub struct ClusterView {
     namespaces: Store<Namespace>,
@@ -52,11 +67,12 @@ pub struct ClusterView {
     slices: Store<EndpointSlice>,
     node_configs: Store<NodeConfig>,
     bundles: Store<ConfigMap>,
+    markers: Store<ConfigMap>,
     daemonsets: Store<DaemonSet>,
-    daemonset: String,
+    install: Install,
     node: String,
-    install_namespace: String,
-    bundle_name: String,
+    /// When this proxy's pod was created, once seen.
+    pod_created: std::sync::OnceLock<Option<Time>>,
     synced: AtomicBool,
     pub changed: Arc<Notify>,
 }
@@ -81,15 +97,8 @@ where
 }
 
 impl ClusterView {
-    /// Starts the watches. `install_namespace` holds the trust bundle ConfigMap `bundle_name`
-    /// and the proxy's own DaemonSet `daemonset`.
-    pub fn start(
-        client: &kube::Client,
-        node: &str,
-        install_namespace: &str,
-        bundle_name: &str,
-        daemonset: &str,
-    ) -> Arc<Self> {
+    /// Starts the watches.
+    pub fn start(client: &kube::Client, node: &str, install: Install) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let all = watcher::Config::default;
         let by_name =
@@ -105,21 +114,26 @@ impl ClusterView {
             slices: watch(Api::all(client.clone()), all(), changed.clone()),
             node_configs: watch(Api::all(client.clone()), by_name(node), changed.clone()),
             bundles: watch(
-                Api::namespaced(client.clone(), install_namespace),
-                by_name(bundle_name),
+                Api::namespaced(client.clone(), &install.namespace),
+                by_name(&install.bundle),
                 changed.clone(),
             ),
-            // A watch keeps delivering after an uninstall deleted the proxy's RBAC, so the
-            // DaemonSet's deletion is seen even when a fresh GET would be refused.
+            // Watches keep delivering after an uninstall deleted the proxy's RBAC and
+            // ServiceAccount, so the marker and the DaemonSet's deletion are seen even when a
+            // fresh GET would be refused.
+            markers: watch(
+                Api::namespaced(client.clone(), &install.namespace),
+                by_name(&install.uninstall_marker),
+                changed.clone(),
+            ),
             daemonsets: watch(
-                Api::namespaced(client.clone(), install_namespace),
-                by_name(daemonset),
+                Api::namespaced(client.clone(), &install.namespace),
+                by_name(&install.daemonset),
                 changed.clone(),
             ),
-            daemonset: daemonset.to_owned(),
+            install,
             node: node.to_owned(),
-            install_namespace: install_namespace.to_owned(),
-            bundle_name: bundle_name.to_owned(),
+            pod_created: std::sync::OnceLock::new(),
             synced: AtomicBool::new(false),
             changed,
         })
@@ -134,9 +148,17 @@ impl ClusterView {
             self.slices.wait_until_ready().await.is_ok(),
             self.node_configs.wait_until_ready().await.is_ok(),
             self.bundles.wait_until_ready().await.is_ok(),
+            self.markers.wait_until_ready().await.is_ok(),
             self.daemonsets.wait_until_ready().await.is_ok(),
         ];
         if results.iter().all(|ok| *ok) {
+            let own = self.install.pod.as_ref().and_then(|name| {
+                let pod = self
+                    .pods
+                    .get(&ObjectRef::new(name).within(&self.install.namespace))?;
+                pod.metadata.creation_timestamp.clone()
+            });
+            let _ = self.pod_created.set(own);
             self.synced.store(true, Ordering::Release);
             Ok(())
         } else {
@@ -168,7 +190,7 @@ impl ClusterView {
     }
 
     pub fn trust_bundle(&self) -> Option<String> {
-        let object = ObjectRef::new(&self.bundle_name).within(&self.install_namespace);
+        let object = ObjectRef::new(&self.install.bundle).within(&self.install.namespace);
         self.bundles
             .get(&object)?
             .data
@@ -527,8 +549,10 @@ pub async fn apply_changes(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut enroller = Enroller::new(client.clone(), &view.node);
-    let configs: Api<NodeConfig> = Api::all(client);
+    let configs: Api<NodeConfig> = Api::all(client.clone());
     let mut reported: Option<i64> = None;
+    // The node takes new pods only once they get a real capture set: after the first config.
+    let mut untainted = false;
     let mut reported_pods: Option<Vec<String>> = None;
     loop {
         let previous = cell.load();
@@ -579,6 +603,10 @@ pub async fn apply_changes(
                 Ok(_) => reported_pods = Some(names),
                 Err(e) => warn!(error = %e, "cannot report the node's captured pods"),
             }
+        }
+        if generation.is_some() && applied && !untainted {
+            tokio::spawn(remove_taint(client.clone(), view.node.clone()));
+            untainted = true;
         }
         if let Some(generation) = generation
             && applied
@@ -631,7 +659,7 @@ pub async fn report_demand(client: kube::Client, node: String, demand: Arc<Deman
 
 /// Removes the node's `aether.io/agent-not-ready` taint (pods may schedule here now: the
 /// proxy can capture them). Retries until it is gone.
-pub async fn remove_taint(client: kube::Client, node: String) {
+async fn remove_taint(client: kube::Client, node: String) {
     let nodes: Api<Node> = Api::all(client);
     let mut delay = Duration::from_millis(500);
     loop {
@@ -778,18 +806,67 @@ pub async fn repair_drift(
 }
 
 impl ClusterView {
-    /// Whether the proxy is stopping because aether is being uninstalled: its DaemonSet is gone
-    /// or being deleted. A restart (the DaemonSet stays) keeps every pod's capture. Waits a
-    /// little for the deletion's watch event, which may trail the signal.
+    /// Whether the proxy is stopping because aether is being uninstalled: `helm uninstall`
+    /// created the marker (after this proxy's pod was created, so not a past uninstall's) and
+    /// the DaemonSet is gone or being deleted. Anything less (an orphaning delete of the
+    /// DaemonSet, a restart, a rollout) keeps every pod's capture. Waits a little for the
+    /// deletion's watch event, which may trail the signal.
     pub async fn is_uninstalling(&self) -> bool {
-        let object = ObjectRef::new(&self.daemonset).within(&self.install_namespace);
+        let daemonset = ObjectRef::new(&self.install.daemonset).within(&self.install.namespace);
+        let marker = ObjectRef::new(&self.install.uninstall_marker).within(&self.install.namespace);
+        let own = self.pod_created.get().cloned().flatten();
+        let mut deleted = false;
         for _ in 0..20 {
-            match self.daemonsets.get(&object) {
-                None if self.is_synced() => return true,
-                Some(ds) if ds.metadata.deletion_timestamp.is_some() => return true,
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            deleted = deleted
+                || match self.daemonsets.get(&daemonset) {
+                    None => self.is_synced(),
+                    Some(ds) => ds.metadata.deletion_timestamp.is_some(),
+                };
+            if deleted && let Some(marker) = self.markers.get(&marker) {
+                let current = uninstall_marker_is_current(
+                    marker.metadata.creation_timestamp.as_ref(),
+                    own.as_ref(),
+                );
+                if !current {
+                    info!("the uninstall marker predates this proxy's pod: not an uninstall");
+                }
+                return current;
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if deleted {
+            info!(
+                "the DaemonSet is gone but helm uninstall did not say so: keeping every pod's capture"
+            );
         }
         false
+    }
+}
+
+/// A marker signals this uninstall unless it is older than the proxy's pod (one left by an
+/// earlier `helm uninstall` of a release since reinstalled). Both times are the API server's.
+fn uninstall_marker_is_current(marker: Option<&Time>, pod: Option<&Time>) -> bool {
+    match (marker, pod) {
+        (Some(marker), Some(pod)) => marker.0 >= pod.0,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap())
+    }
+
+    #[test]
+    fn only_a_marker_made_since_the_pod_started_is_an_uninstall() {
+        assert!(uninstall_marker_is_current(Some(&at(200)), Some(&at(100))));
+        assert!(uninstall_marker_is_current(Some(&at(100)), Some(&at(100))));
+        // Left by an earlier uninstall of a release installed again since.
+        assert!(!uninstall_marker_is_current(Some(&at(50)), Some(&at(100))));
+        // A proxy run outside a pod has nothing to compare with.
+        assert!(uninstall_marker_is_current(Some(&at(50)), None));
     }
 }

@@ -34,3 +34,4 @@ pub mod metrics;
 pub mod netns;
 pub mod pod_view;
 pub mod registry;
+pub mod state_file;

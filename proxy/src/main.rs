@@ -25,7 +25,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 const RUN_HELP: &str = "\
@@ -39,15 +39,17 @@ route target by its GAMMA route table, over mTLS with the client pod's ServiceAc
 (obtained from the operator's certificate authority with --token-file); terminates inbound mTLS \
 and hands requests to the app with the caller's verified SPIFFE ID in x-aether-client-identity; \
 keeps every pod's capture set current, repairs drift, reports the applied config generation, \
-and removes the node's aether.io/agent-not-ready taint once ready.
+and removes the node's aether.io/agent-not-ready taint once it has applied the first config. \
+A missing NodeConfig keeps the last one in force (the capture set is saved in --state-dir).
 
 With --capture-set FILE (no cluster): the capture set comes from the file (re-read on SIGHUP) \
 and captured connections pass through as TCP to their original destination.
 
 SIGTERM or SIGINT: stop serving the plugin, close every listener, give open connections \
 --drain-seconds to finish. The registry stays for the next start, unless aether is being \
-uninstalled (the --daemonset is gone): then every pod's table is removed and aether-cni is \
-taken out of the node's CNI configuration.";
+uninstalled (`helm uninstall` created the --uninstall-marker ConfigMap after this pod started, \
+and the --daemonset is gone): then every pod's table is removed and aether-cni is taken out of \
+the node's CNI configuration.";
 
 #[derive(Parser)]
 #[command(name = "aether-proxy", version, about = "aether's node proxy")]
@@ -91,9 +93,16 @@ struct RunArgs {
     /// aether's install namespace (trust bundle, certificate authority, DaemonSet).
     #[arg(long, env = "POD_NAMESPACE", default_value = "aether-system")]
     namespace: String,
-    /// The proxy's DaemonSet: when it is gone at SIGTERM, aether is being uninstalled.
+    /// The proxy's DaemonSet: when it is gone at SIGTERM, aether may be being uninstalled.
     #[arg(long, default_value = "aether-proxy")]
     daemonset: String,
+    /// The ConfigMap (in --namespace) that `helm uninstall` creates first (a pre-delete hook):
+    /// an uninstall is only ever this explicit signal, never a missing DaemonSet alone.
+    #[arg(long, default_value = "aether-uninstalling")]
+    uninstall_marker: String,
+    /// This proxy's pod (in --namespace): a marker older than it is a past uninstall's.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
     #[arg(long, default_value = "cluster.local")]
     trust_domain: String,
     /// The operator's certificate authority, `host:port`.
@@ -166,6 +175,7 @@ fn main() -> ExitCode {
     let Cli {
         command: Command::Run(args),
     } = Cli::parse();
+    raise_open_file_limit();
     let result = runtimes(args.worker_threads)
         .and_then(|(control, data)| control.block_on(run(*args, data)));
     match result {
@@ -174,6 +184,21 @@ fn main() -> ExitCode {
             error!("{e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Every captured connection holds two descriptors, and every pod's listeners a few more: the
+/// usual soft limit of 1024 would refuse connections long before the node is busy. Raised to
+/// the hard limit (the runtime's, typically over a million).
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => warn!(error = %e, limit = soft, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
     }
 }
 
@@ -220,11 +245,16 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
         .await
         .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
     let scraped = metrics.clone();
-    tokio::spawn(aether_admin::serve(
-        admin,
-        move || scraped.text(),
-        readiness,
-    ));
+    // Tasks that run for the process's life: one that ends (a panic) ends the process, so the
+    // kubelet restarts a proxy that would otherwise serve half-working.
+    let mut lifelong = vec![(
+        "the admin endpoint",
+        tokio::spawn(aether_admin::serve(
+            admin,
+            move || scraped.text(),
+            readiness,
+        )),
+    )];
     let nft = args
         .nft_path
         .clone()
@@ -252,18 +282,25 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
             let client = kube::Client::try_default()
                 .await
                 .context("cannot reach the API server (in-cluster config or KUBECONFIG)")?;
-            tokio::spawn(cni_kubeconfig::maintain(
-                client.clone(),
-                args.namespace.clone(),
-                args.cni_service_account.clone(),
-                args.cni_kubeconfig.clone(),
+            lifelong.push((
+                "the CNI kubeconfig",
+                tokio::spawn(cni_kubeconfig::maintain(
+                    client.clone(),
+                    args.namespace.clone(),
+                    args.cni_service_account.clone(),
+                    args.cni_kubeconfig.clone(),
+                )),
             ));
             let view = ClusterView::start(
                 &client,
                 &args.node,
-                &args.namespace,
-                &args.trust_bundle,
-                &args.daemonset,
+                cluster::Install {
+                    namespace: args.namespace.clone(),
+                    bundle: args.trust_bundle.clone(),
+                    daemonset: args.daemonset.clone(),
+                    uninstall_marker: args.uninstall_marker.clone(),
+                    pod: args.pod_name.clone(),
+                },
             );
             let _ = ready.send(Err("waiting for the watch caches".into()));
             view.wait_synced().await.map_err(anyhow::Error::msg)?;
@@ -275,13 +312,25 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
             }
             let certs = Certs::new(trust.clone());
             let cell = Arc::new(SnapshotCell::default());
-            let snapshot = Arc::new(view.snapshot(&Snapshot::default()));
+            // Until the node's NodeConfig is read, its pods keep what their tables hold.
+            let saved = CaptureSet::load_saved(&args.state_dir).unwrap_or_else(|e| {
+                warn!(error = %e, "ignoring the saved capture set");
+                None
+            });
+            let last = Snapshot {
+                capture: saved.unwrap_or_default(),
+                ..Snapshot::default()
+            };
+            let snapshot = Arc::new(view.snapshot(&last));
             cell.store(snapshot.clone());
             let demand = Arc::new(Demand::default());
-            tokio::spawn(cluster::report_demand(
-                client.clone(),
-                args.node.clone(),
-                demand.clone(),
+            lifelong.push((
+                "the demand report",
+                tokio::spawn(cluster::report_demand(
+                    client.clone(),
+                    args.node.clone(),
+                    demand.clone(),
+                )),
             ));
             let plane = DataPlane::new(Some(Mesh {
                 snapshot: cell.clone(),
@@ -315,7 +364,10 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                     })
                 }),
             };
-            tokio::spawn(svid::maintain(ca, certs, wanted_rx, metrics.clone()));
+            lifelong.push((
+                "the SVID renewal",
+                tokio::spawn(svid::maintain(ca, certs, wanted_rx, metrics.clone())),
+            ));
             apply = Some(tokio::spawn(cluster::apply_changes(
                 client.clone(),
                 view.clone(),
@@ -335,7 +387,6 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 cluster::CniEntry::current(&args.cni_conf_dir),
                 stopping.subscribe(),
             )));
-            tokio::spawn(cluster::remove_taint(client.clone(), args.node.clone()));
             cluster = Some(view);
             (agent, None)
         }
@@ -350,11 +401,25 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut crashed = None;
     loop {
+        let supervised = lifelong
+            .iter_mut()
+            .map(|(name, task)| (*name, task))
+            .chain(apply.as_mut().map(|task| ("the config loop", task)))
+            .chain(repair.as_mut().map(|task| ("the drift repair", task)))
+            .map(|(name, task)| Box::pin(async move { (name, task.await) }));
+        let ended = futures::future::select_all(supervised);
         tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
             _ = hangup.recv() => reload(&agent, capture_file.as_deref()).await,
+            ((task, result), _, _) = ended => {
+                let why = result.err().map_or_else(|| "it returned".to_string(), |e| e.to_string());
+                error!(task, why, "a task of the proxy ended: stopping, to be restarted");
+                crashed = Some(task);
+                break;
+            }
         }
     }
     info!("shutting down");
@@ -363,9 +428,12 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
     server.await.context("the CNI server")?;
     let _ = stopping.send(true);
     for task in [repair, apply].into_iter().flatten() {
-        let _ = task.await;
+        if !task.is_finished() {
+            let _ = task.await;
+        }
     }
-    if let Some(view) = cluster
+    if crashed.is_none()
+        && let Some(view) = cluster
         && view.is_uninstalling().await
     {
         uninstall(&agent, &args).await;
@@ -373,6 +441,9 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
     agent
         .shutdown(Duration::from_secs(args.drain_seconds))
         .await;
+    if let Some(task) = crashed {
+        anyhow::bail!("{task} ended");
+    }
     info!("stopped");
     Ok(())
 }
@@ -396,7 +467,7 @@ async fn start_agent(
 /// aether is going away: no pod may keep a table that redirects to a proxy that will not come
 /// back, and no new pod may be handed to a plugin that is gone.
 async fn uninstall(agent: &Arc<Agent>, args: &RunArgs) {
-    info!("the DaemonSet is gone: uninstalling aether from this node");
+    info!("helm uninstall: removing aether from this node");
     let agent = agent.clone();
     let (bin, conf) = (args.cni_bin_dir.clone(), args.cni_conf_dir.clone());
     let done = tokio::task::spawn_blocking(move || {

@@ -111,7 +111,14 @@ impl Snapshot {
             managed_namespaces,
             ..Snapshot::default()
         };
+        // No NodeConfig (deleted, or not written yet while the operator is down) is not an
+        // empty config: the pods keep the last capture set and routes, never fail open.
         let Some((generation, spec)) = inputs.node_config else {
+            snapshot.generation = previous.generation;
+            snapshot.capture = previous.capture.clone();
+            snapshot.captured = previous.captured.clone();
+            snapshot.targets = previous.targets.clone();
+            snapshot.identities = previous.identities.clone();
             return snapshot;
         };
         let by_address = service_addresses(inputs.services);
@@ -135,8 +142,12 @@ impl Snapshot {
         snapshot.capture = if targets == previous.capture.targets {
             previous.capture.clone()
         } else {
+            // Never a generation the pods' tables may already record: a NodeConfig deleted and
+            // written again starts its generations over.
             CaptureSet {
-                generation: u64::try_from(generation).unwrap_or_default(),
+                generation: u64::try_from(generation)
+                    .unwrap_or_default()
+                    .max(previous.capture.generation + 1),
                 targets,
             }
         };
@@ -440,5 +451,22 @@ mod tests {
         assert_eq!(next.capture.generation, 4);
         let key = ServiceKey::new("shop", "echo");
         assert!(Arc::ptr_eq(&next.targets[&key], &snapshot.targets[&key]));
+
+        // The NodeConfig goes (deleted, or the operator is away): the last one stays in force,
+        // while endpoints still follow the watch.
+        let orphaned = Snapshot::build(
+            &Inputs {
+                node_config: None,
+                slices: &slices[..1],
+                ..inputs
+            },
+            &next,
+        );
+        assert_eq!(orphaned.generation, Some(5));
+        assert_eq!(orphaned.capture, next.capture);
+        assert_eq!(orphaned.captured, next.captured);
+        assert!(Arc::ptr_eq(&orphaned.targets[&key], &next.targets[&key]));
+        assert_eq!(orphaned.identities, next.identities);
+        assert!(orphaned.endpoints(&v1, 7070).is_empty());
     }
 }

@@ -5,10 +5,8 @@
 //! Plain data and its file format; the caller decides when to save.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use aether_cni::nft::Families;
@@ -196,37 +194,14 @@ impl Registry {
         })
     }
 
-    /// Writes a temporary file next to `path` and renames it over `path`, so a crash leaves
-    /// either the old registry or the new one, never half of one.
+    /// Saves to `path`; a crash leaves either the old registry or the new one.
     pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
-        let write_error = |source| RegistryError::Write {
-            path: path.to_owned(),
-            source,
-        };
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let mut temp_name = path.file_name().unwrap_or_default().to_owned();
-        temp_name.push(".tmp");
-        let temp = dir.join(temp_name);
-        let written = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&temp)?;
-            file.write_all(&self.to_json())?;
-            file.sync_all()?;
-            std::fs::rename(&temp, path)?;
-            // The rename itself is durable only once the directory is synced.
-            File::open(dir)?.sync_all()
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
-        written.map_err(write_error)
+        crate::state_file::write_atomically(path, &self.to_json()).map_err(|source| {
+            RegistryError::Write {
+                path: path.to_owned(),
+                source,
+            }
+        })
     }
 }
 

@@ -260,6 +260,7 @@ impl PodClients {
         let (send, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30))
+            .max_header_list_size(super::http::MESH_HEADER_LIST)
             .handshake(TokioIo::new(tls))
             .await
             .map_err(|e| ClientError::Handshake {

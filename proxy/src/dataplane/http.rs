@@ -17,6 +17,15 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// for, `<port> <h1|h2>`. Removed before the request reaches the app.
 pub const FORWARD_HEADER: HeaderName = HeaderName::from_static("x-aether-forward");
 
+/// The largest request head aether takes from an app (HTTP/1 bytes, or an HTTP/2 header
+/// list), answered 431 at the edge when larger. One limit end to end: the hop between the
+/// proxies admits [`MESH_HEADER_LIST`], enough for any head the edge let through, so a
+/// request is never refused further on for its size.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// HTTP/2 counts 32 bytes more per header than its name and value; the mesh hop adds a few
+/// headers of its own.
+pub const MESH_HEADER_LIST: u32 = 2 * MAX_HEADER_BYTES as u32;
+
 /// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
@@ -31,6 +40,20 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 pub fn incoming(body: Incoming) -> Body {
     body.map_err(BoxError::from).boxed()
+}
+
+/// `body` without the header `name` in its trailers (where HTTP/2 and chunked HTTP/1 may
+/// carry it), for a header only the proxy may set.
+pub fn without_trailer(body: Incoming, name: HeaderName) -> Body {
+    body.map_frame(move |frame| match frame.into_trailers() {
+        Ok(mut trailers) => {
+            trailers.remove(&name);
+            hyper::body::Frame::trailers(trailers)
+        }
+        Err(frame) => frame,
+    })
+    .map_err(BoxError::from)
+    .boxed()
 }
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {

@@ -72,6 +72,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
     });
     let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .max_header_list_size(h::MESH_HEADER_LIST)
         .serve_connection(TokioIo::new(tls), service)
         .await;
     if let Err(e) = served {
@@ -142,7 +143,11 @@ impl App {
         };
         match self
             .clients
-            .plain(app, Request::from_parts(parts, h::incoming(body)), http2)
+            .plain(
+                app,
+                Request::from_parts(parts, h::without_trailer(body, CLIENT_IDENTITY_HEADER)),
+                http2,
+            )
             .await
         {
             Ok(response) => response.map(h::incoming),

@@ -14,7 +14,7 @@ use aether_routing::table::ServiceRef;
 use aether_routing::{Outcome, RequestView};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
@@ -34,6 +34,8 @@ use crate::netns;
 const COLD_PATH_WAIT: Duration = Duration::from_secs(5);
 /// Largest request body copied for mirrors; a larger one is sent on without its mirrors.
 const MIRROR_BODY_LIMIT: usize = 1 << 20;
+/// How long a captured HTTP/1 connection may take to send a request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
     let listener = match stream.local_addr() {
@@ -154,7 +156,18 @@ async fn serve_http(conn: Connection, stream: TcpStream) {
         let conn = conn.clone();
         async move { Ok::<_, std::convert::Infallible>(conn.handle(request).await) }
     });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Without a timer hyper enforces no header timeout: a client sending its head byte by
+    // byte would hold the connection (and its memory) for ever.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(h::MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(h::MAX_HEADER_BYTES as u32);
     if let Err(e) = builder
         .serve_connection(TokioIo::new(stream), service)
         .await

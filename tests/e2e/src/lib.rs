@@ -132,11 +132,16 @@ impl Cluster {
             service_account,
             "--duration=1h",
         ])?;
+        self.client_with_token(token.trim()).await
+    }
+
+    /// A client that presents `token` alone (none of the admin's credentials).
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client> {
         let mut kubeconfig = Kubeconfig::read_from(&self.paths.kubeconfig)?;
         for user in &mut kubeconfig.auth_infos {
             if let Some(auth) = user.auth_info.as_mut() {
                 *auth = kube::config::AuthInfo {
-                    token: Some(token.trim().to_owned().into()),
+                    token: Some(token.to_owned().into()),
                     ..Default::default()
                 };
             }

@@ -7,6 +7,10 @@
 //! - a pod's nft table deleted by hand and aether-cni's entry dropped from a node's CNI config
 //!   are put back by the node's proxy, with an Event;
 //! - strict mTLS refuses plaintext into meshed pods, running ones and new ones;
+//! - with the operator stopped and a node's NodeConfig deleted, that node's pods keep their
+//!   capture set, also across a restart of its proxy;
+//! - the proxies' DaemonSet deleted with `--cascade=orphan` and its proxies stopped is not an
+//!   uninstall: every pod stays captured, and a reinstall serves them again;
 //! - `helm uninstall` leaves no table in any pod and no aether-cni on any node, and pods
 //!   keep working unmeshed.
 
@@ -36,6 +40,8 @@ async fn capture_fails_closed_repairs_itself_is_strict_and_uninstalls_cleanly() 
     mesh_workloads(&cluster, Accounts::PerVersion).await?;
     fails_closed_without_proxies(&cluster).await?;
     repairs_drift(&cluster).await?;
+    missing_config_keeps_capture(&cluster).await?;
+    orphaned_proxies_keep_capture(&cluster).await?;
     strict_mode_refuses_plaintext(&cluster).await?;
     uninstall_leaves_nothing(&cluster).await?;
     unmesh_workloads(&cluster)?;
@@ -239,6 +245,135 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
         bail!("after the repair, echo-v2 is not reachable: {served:?}");
     }
     eprintln!("a deleted pod table and a dropped CNI entry were repaired, with an Event");
+    Ok(())
+}
+
+/// Deletes the proxy pods (of one node, or all) and waits until they are gone: each gets
+/// SIGTERM, as in a rollout.
+fn delete_proxies(cluster: &Cluster, node: Option<&str>) -> Result<()> {
+    let on_node = node.map(|node| format!("spec.nodeName={node}"));
+    let mut args = vec!["-n", "aether-system", "delete", "pod", "-l", PROXY_PODS];
+    if let Some(selector) = &on_node {
+        args.extend(["--field-selector", selector]);
+    }
+    args.extend(["--wait", "--timeout=120s"]);
+    cluster.kubectl(&args)?;
+    Ok(())
+}
+
+/// A node whose NodeConfig is gone (deleted while the operator is stopped, so nobody writes it
+/// again) is not a node with nothing to capture: its pods' tables keep the last set, and so
+/// does its proxy restarted meanwhile (from the set it saved), and the mesh keeps serving.
+async fn missing_config_keeps_capture(cluster: &Cluster) -> Result<()> {
+    let split = apply_split(cluster).await?;
+    wait_nodes_applied(cluster).await?;
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let node = aether_e2e::node_of(&pod)?;
+    let table = |cluster: &Cluster| -> Result<String> {
+        let listed = cluster.nft_in_pod(&pod, &["list", "table", "inet", "aether"])?;
+        Ok(String::from_utf8_lossy(&listed.stdout).into_owned())
+    };
+    let before = table(cluster)?;
+    if !before.contains("10.96.") {
+        bail!(
+            "pod {:?} captures no Service before the test: {before}",
+            pod.metadata.name
+        );
+    }
+    let replicas = cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "deployment/aether-operator",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ])?;
+    let scale = |replicas: &str| {
+        cluster.kubectl(&[
+            "-n",
+            "aether-system",
+            "scale",
+            "deployment/aether-operator",
+            &format!("--replicas={replicas}"),
+        ])
+    };
+    scale("0")?;
+    wait_pods(
+        cluster,
+        "aether-system",
+        "app.kubernetes.io/name=aether-operator",
+        0,
+    )
+    .await?;
+    cluster.kubectl(&["delete", "nodeconfig", &node, "--wait"])?;
+    // The proxy sees the deletion within its debounce; give it ample time to (wrongly) act.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let orphaned = table(cluster)?;
+    if orphaned != before {
+        bail!("{node}'s NodeConfig deleted, pod table changed:\n{before}\n---\n{orphaned}");
+    }
+    let served = client(cluster, &pod, &["http://echo/v1".to_string()]).await?;
+    if served.first().and_then(|e| e.status) != Some(200) {
+        bail!("without {node}'s NodeConfig, /v1 is not served: {served:?}");
+    }
+    delete_proxies(cluster, Some(&node))?;
+    cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
+    let restarted = table(cluster)?;
+    if restarted != before {
+        bail!(
+            "{node}'s proxy restarted without a NodeConfig, pod table changed:\n{before}\n---\n{restarted}"
+        );
+    }
+    scale(replicas.trim())?;
+    cluster.rollout_status("aether-system", "deployment/aether-operator")?;
+    wait_nodes_applied(cluster).await?;
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    wait_nodes_applied(cluster).await?;
+    eprintln!(
+        "a deleted NodeConfig with the operator stopped left {node}'s pods captured, across a proxy restart"
+    );
+    Ok(())
+}
+
+/// Only `helm uninstall` uninstalls: with the DaemonSet deleted as orphaning and then its
+/// proxies stopped (what a botched upgrade or a careless `kubectl delete` does), every pod
+/// keeps its table and every node aether-cni; reinstalled, the proxies serve them again.
+async fn orphaned_proxies_keep_capture(cluster: &Cluster) -> Result<()> {
+    let split = apply_split(cluster).await?;
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let node = aether_e2e::node_of(&pod)?;
+    cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "delete",
+        "daemonset",
+        "aether-proxy",
+        "--cascade=orphan",
+        "--wait",
+    ])?;
+    delete_proxies(cluster, None)?;
+    let table = cluster.nft_in_pod(&pod, &["list", "table", "inet", "aether"])?;
+    if !table.status.success() {
+        bail!(
+            "the proxies of an orphaned DaemonSet stopped and took pod {:?}'s table with them",
+            pod.metadata.name
+        );
+    }
+    if !cluster
+        .on_node_ok(&node, &["cat", CONFLIST])?
+        .contains("aether-cni")
+    {
+        bail!("the proxies of an orphaned DaemonSet stopped and took aether-cni out of {node}");
+    }
+    install(cluster, &[]).await?;
+    wait_nodes_applied(cluster).await?;
+    let served = client(cluster, &pod, &["http://echo/v1".to_string()]).await?;
+    if served.first().and_then(|e| e.status) != Some(200) {
+        bail!("after reinstalling, /v1 is not served: {served:?}");
+    }
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    wait_nodes_applied(cluster).await?;
+    eprintln!("an orphaning DaemonSet delete and stopped proxies left every pod captured");
     Ok(())
 }
 

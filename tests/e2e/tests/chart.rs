@@ -281,7 +281,7 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
     let expected = "aether-proxy run --node $(NODE_NAME) --cni-socket /var/run/aether/cni.sock \
         --state-dir /var/lib/aether/proxy --capture-port 15001 --inbound-port 15008 \
         --admin-addr 0.0.0.0:15020 --namespace mesh-test --daemonset aether-proxy \
-        --trust-domain cluster.local --ca-address aether-operator.mesh-test.svc:8443 \
+        --uninstall-marker aether-uninstalling --trust-domain cluster.local --ca-address aether-operator.mesh-test.svc:8443 \
         --token-file /var/run/secrets/aether/token --worker-threads 1";
     assert_eq!(argv.join(" "), expected);
     assert!(
@@ -289,6 +289,18 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
             == &json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})),
         "NODE_NAME: {}",
         proxy["env"]
+    );
+    assert!(
+        proxy["env"].as_array().into_iter().flatten().any(|e| e
+            == &json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})),
+        "POD_NAME: {}",
+        proxy["env"]
+    );
+    // The proxies' one signal of an uninstall: made by `helm uninstall` before anything goes.
+    let marker = find(&objects, "ConfigMap", "aether-uninstalling")?;
+    assert_eq!(
+        marker["metadata"]["annotations"]["helm.sh/hook"],
+        "pre-delete"
     );
     assert_eq!(proxy["securityContext"]["privileged"], true);
     assert_eq!(
@@ -507,7 +519,12 @@ fn rbac_is_least_privilege() -> Result<()> {
 #[test]
 fn everything_lives_in_the_release_namespace() -> Result<()> {
     let objects = render(&[])?;
-    let cluster_scoped = ["ClusterRole", "ClusterRoleBinding"];
+    let cluster_scoped = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
     for object in &objects {
         let kind = object["kind"].as_str().unwrap_or_default();
         assert_ne!(kind, "Namespace", "the chart must not own its namespace");

@@ -1,0 +1,232 @@
+//! aether played by an attacker on the local cluster, each probe asserting the safe outcome.
+//!
+//! A stolen node-proxy token: a token of the proxies' ServiceAccount bound to the proxy pod on
+//! node-1 (what reading that pod's token file gives) may not taint or label node-2, forge
+//! node-2's applied config generation, or label or taint its own node (to attract workloads
+//! and then obtain their SVIDs); it may still do what that proxy does (report its own
+//! NodeConfig's status). A token of the same ServiceAccount bound to no pod writes nothing.
+//! RBAC allows every one of these writes; the chart's admission policy is what refuses them.
+//!
+//! An oversized request head from a meshed pod: one limit end to end, so a 70 KB header is
+//! answered 431 by the client's own proxy (never a 503 from further on), a 40 KB one reaches
+//! the backend, and the next request is served.
+
+use aether_crds::NodeConfig;
+use aether_e2e::mesh::{
+    Accounts, MESH_NS, PROXY_PODS, client_pod, install, mesh_workloads, uninstall,
+    unmesh_workloads, wait_nodes_applied,
+};
+use aether_e2e::stream::apply_split;
+use aether_e2e::{Cluster, echo};
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "aether-system";
+const POLICY: &str = "aether-proxy-node-restriction";
+
+/// One write a token holder tries.
+enum Write<'a> {
+    Node(&'a str, Value),
+    ConfigStatus(&'a str, Value),
+}
+
+/// The API as the holder of one token, and nothing else.
+struct Holder {
+    nodes: Api<Node>,
+    configs: Api<NodeConfig>,
+}
+
+impl Holder {
+    async fn new(cluster: &Cluster, token: &str) -> Result<Holder> {
+        let client = cluster.client_with_token(token).await?;
+        Ok(Holder {
+            nodes: Api::all(client.clone()),
+            configs: Api::all(client),
+        })
+    }
+
+    async fn write(&self, write: &Write<'_>) -> Result<(), kube::Error> {
+        let params = PatchParams::default();
+        match write {
+            Write::Node(name, patch) => self
+                .nodes
+                .patch(name, &params, &Patch::Merge(patch))
+                .await
+                .map(drop),
+            Write::ConfigStatus(name, patch) => self
+                .configs
+                .patch_status(name, &params, &Patch::Merge(patch))
+                .await
+                .map(drop),
+        }
+    }
+
+    /// `write` must be refused by the node restriction policy (not by RBAC, not by accident).
+    async fn refused(&self, what: &str, write: Write<'_>) -> Result<()> {
+        match self.write(&write).await {
+            Ok(()) => bail!("a stolen proxy token could {what}"),
+            // The policy's own verdict, not an error evaluating it (which would refuse the
+            // proxy's legitimate writes too).
+            Err(kube::Error::Api(e))
+                if e.message.contains(POLICY)
+                    && e.message.contains("node proxy may")
+                    && !e.message.contains("resulted in error") =>
+            {
+                eprintln!("refused: {what} ({})", e.message);
+                Ok(())
+            }
+            Err(e) => bail!("{what}: refused, but not by {POLICY}: {e}"),
+        }
+    }
+
+    async fn allowed(&self, what: &str, write: Write<'_>) -> Result<()> {
+        self.write(&write)
+            .await
+            .with_context(|| format!("the proxy's own write refused ({what})"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attacks_are_contained() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    install(&cluster, &[]).await?;
+    a_stolen_proxy_token_writes_nothing_beyond_its_node(&cluster).await?;
+    oversized_heads_get_431(&cluster).await?;
+    uninstall(&cluster).await.context("uninstalling aether")?;
+    unmesh_workloads(&cluster)?;
+    Ok(())
+}
+
+async fn a_stolen_proxy_token_writes_nothing_beyond_its_node(cluster: &Cluster) -> Result<()> {
+    let proxy_pod = cluster.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        PROXY_PODS,
+        "--field-selector",
+        "spec.nodeName=node-1",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    if proxy_pod.is_empty() {
+        bail!("no proxy pod on node-1");
+    }
+    let token = |bound: &[&str]| -> Result<String> {
+        let mut args = vec![
+            "-n",
+            NAMESPACE,
+            "create",
+            "token",
+            "aether-proxy",
+            "--duration=10m",
+        ];
+        args.extend(bound);
+        Ok(cluster.kubectl(&args)?.trim().to_owned())
+    };
+    let bound = format!("--bound-object-name={proxy_pod}");
+    let stolen = Holder::new(cluster, &token(&["--bound-object-kind=Pod", &bound])?).await?;
+    let taint =
+        || json!({"spec": {"taints": [{"key": "aether.io/attacker", "effect": "NoSchedule"}]}});
+    let label = || json!({"metadata": {"labels": {"attacker": "here"}}});
+    let generation = |value: Value| json!({"status": {"appliedGeneration": value}});
+
+    stolen
+        .refused("taint node-2", Write::Node("node-2", taint()))
+        .await?;
+    stolen
+        .refused("label node-2", Write::Node("node-2", label()))
+        .await?;
+    stolen
+        .refused(
+            "forge node-2's applied config generation",
+            Write::ConfigStatus("node-2", generation(json!(999_999))),
+        )
+        .await?;
+    stolen
+        .refused(
+            "label its own node to attract workloads",
+            Write::Node("node-1", label()),
+        )
+        .await?;
+    stolen
+        .refused("taint its own node", Write::Node("node-1", taint()))
+        .await?;
+    // What the proxy on node-1 does itself stays allowed: reporting its NodeConfig's status
+    // (the value it already reported, so the running proxy is not disturbed).
+    let configs: Api<NodeConfig> = Api::all(cluster.client.clone());
+    let applied = configs
+        .get("node-1")
+        .await?
+        .status
+        .and_then(|s| s.applied_generation);
+    stolen
+        .allowed(
+            "report node-1's applied generation",
+            Write::ConfigStatus("node-1", generation(json!(applied))),
+        )
+        .await?;
+
+    let unbound = Holder::new(cluster, &token(&[])?).await?;
+    unbound
+        .refused(
+            "write node-1's NodeConfig status with a token bound to no pod",
+            Write::ConfigStatus("node-1", generation(json!(applied))),
+        )
+        .await?;
+    let labelled = cluster.kubectl(&["get", "nodes", "-l", "attacker", "-o", "name"])?;
+    if !labelled.trim().is_empty() {
+        bail!("a node was labelled by the attacker: {labelled}");
+    }
+    Ok(())
+}
+
+async fn oversized_heads_get_431(cluster: &Cluster) -> Result<()> {
+    mesh_workloads(cluster, Accounts::PerVersion).await?;
+    let split = apply_split(cluster).await?;
+    wait_nodes_applied(cluster).await?;
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let status = |header_kb: usize| -> Result<Vec<Option<u16>>> {
+        let header = format!("X-Big:{}", "a".repeat(header_kb * 1024));
+        // Two requests: the proxy goes on serving the pod after refusing one.
+        let output = cluster.exec(
+            &pod,
+            "echo",
+            &["client", "http://echo/v1", "--count=2", "-H", &header],
+        )?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let exchanges = echo::parse(&stdout);
+        if exchanges.is_empty() {
+            eprintln!(
+                "the client printed no exchange ({}): {stdout}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(exchanges.iter().map(|e| e.status).collect())
+    };
+    // A client that printed nothing (its exec cut short) is asked again; any answer counts.
+    let status = |header_kb: usize| -> Result<Vec<Option<u16>>> {
+        for _ in 0..3 {
+            let answers = status(header_kb)?;
+            if !answers.is_empty() {
+                return Ok(answers);
+            }
+        }
+        bail!("the client printed no exchange three times")
+    };
+    let big = status(70)?;
+    if big != [Some(431), Some(431)] {
+        bail!("a 70 KB header: expected 431 twice from the client's proxy, got {big:?}");
+    }
+    let fits = status(40)?;
+    if fits != [Some(200), Some(200)] {
+        bail!("a 40 KB header: expected it served end to end, got {fits:?}");
+    }
+    eprintln!("a 70 KB request header got 431 at the edge, a 40 KB one was served end to end");
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    Ok(())
+}
