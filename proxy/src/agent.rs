@@ -170,6 +170,11 @@ impl Agent {
         );
     }
 
+    /// The data plane serving the pods' listeners.
+    pub fn data_plane(&self) -> &DataPlane {
+        &self.plane
+    }
+
     /// Replaces the set elements in every registered pod's table whose generation differs
     /// (rules untouched), and records the generation per pod and as the proxy's current one.
     pub fn update_capture_set(&self, capture: CaptureSet) -> CaptureUpdate {

@@ -135,12 +135,12 @@ impl Balancer {
         }
     }
 
-    /// Forgets endpoints that are no longer anywhere in the mesh.
-    pub fn retain(&self, keep: impl Fn(&SocketAddr) -> bool) {
-        self.stats
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|addr, _| keep(addr));
+    /// Forgets endpoints that are no longer anywhere in the mesh, so the state follows the
+    /// endpoints that exist rather than every one there ever was; returns how many are kept.
+    pub fn retain(&self, keep: impl Fn(&SocketAddr) -> bool) -> usize {
+        let mut stats = self.stats.write().unwrap_or_else(|e| e.into_inner());
+        stats.retain(|addr, _| keep(addr));
+        stats.len()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<SocketAddr, Arc<EndpointStats>>> {
@@ -174,6 +174,18 @@ mod tests {
             seen.insert((a, b));
         }
         assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn endpoints_that_went_are_forgotten() {
+        let balancer = Balancer::default();
+        for i in 1..=3 {
+            balancer.stats(addr(i)).observe(Duration::from_millis(5));
+        }
+        assert_eq!(balancer.retain(|a| *a == addr(2)), 1);
+        // A kept endpoint keeps what was learnt about it; a forgotten one starts afresh.
+        assert!(balancer.stats(addr(2)).cost() > DEFAULT_RTT_NS);
+        assert!(balancer.stats(addr(1)).cost() <= DEFAULT_RTT_NS);
     }
 
     #[test]

@@ -558,6 +558,7 @@ pub async fn apply_changes(
         let previous = cell.load();
         let snapshot = Arc::new(view.snapshot(&previous));
         cell.store(snapshot.clone());
+        agent.data_plane().prune(&snapshot);
         if let Some(pem) = view.trust_bundle() {
             match trust.set_bundle(&pem) {
                 Ok(true) => info!("loaded a new trust bundle"),

@@ -145,6 +145,18 @@ impl DataPlane {
         self.stats.counts()
     }
 
+    /// Drops the balancer's state of endpoints `snapshot` no longer has.
+    pub fn prune(&self, snapshot: &Snapshot) {
+        let live: std::collections::HashSet<SocketAddr> = snapshot
+            .services
+            .values()
+            .flat_map(|service| service.ports.values().flatten())
+            .map(|endpoint| endpoint.addr)
+            .collect();
+        let kept = self.balancer.retain(|addr| live.contains(addr));
+        tracing::debug!(kept, "pruned the balancer's endpoints");
+    }
+
     fn clients(&self, netns: &Arc<Path>) -> Arc<PodClients> {
         let mut all = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         all.entry(netns.clone())
