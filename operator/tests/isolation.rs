@@ -30,14 +30,7 @@ fn route(name: &str, parent_namespace: &str, parent: &str) -> String {
 async fn routes_that_cannot_be_written_leave_the_others_converging() -> Result<()> {
     let cluster = Cluster::get().await?;
     let operator = start(setup(&cluster).await?);
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        NS,
-        "--ignore-not-found",
-        "--wait",
-        "--timeout=120s",
-    ])?;
+    cluster.delete_namespaces(&[NS])?;
     cluster.apply_text(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n---\n\
          apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: {NS}}}\n\
@@ -46,24 +39,16 @@ async fn routes_that_cannot_be_written_leave_the_others_converging() -> Result<(
          spec:\n  selector: {{app: late}}\n  ports: [{{port: 80, targetPort: 8080}}]\n"
     ))?;
     // A namespace held in Terminating by a finalizer until the test lets it go.
-    let _ = cluster.kubectl(&[
-        "patch",
-        "-n",
-        HELD,
-        "configmap",
-        "hold",
-        "--type=merge",
-        "-p",
-        "{\"metadata\":{\"finalizers\":null}}",
-    ]);
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        HELD,
-        "--ignore-not-found",
-        "--wait",
-        "--timeout=120s",
-    ])?;
+    let release = || {
+        cluster.patch(
+            HELD,
+            "configmap/hold",
+            "merge",
+            &serde_json::json!({"metadata": {"finalizers": null}}),
+        )
+    };
+    let _ = release();
+    cluster.delete_namespaces(&[HELD])?;
     cluster.apply_text(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {HELD}}}\n---\n\
          apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: hold, namespace: {HELD}, finalizers: [aether.io/test-hold]}}\n---\n\
@@ -85,16 +70,10 @@ async fn routes_that_cannot_be_written_leave_the_others_converging() -> Result<(
         "to-invalid-name",
     ] {
         let events = eventually(&format!("a TargetNotWritten Event on {name}"), || async {
-            let events = cluster.kubectl(&[
-                "-n",
+            let events = cluster.event_messages(
                 NS,
-                "get",
-                "events",
-                "--field-selector",
                 &format!("involvedObject.name={name},reason=TargetNotWritten"),
-                "-o",
-                "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
-            ])?;
+            )?;
             Ok((!events.is_empty()).then_some(events))
         })
         .await?;
@@ -134,16 +113,7 @@ async fn routes_that_cannot_be_written_leave_the_others_converging() -> Result<(
         .await?;
     }
 
-    cluster.kubectl(&[
-        "patch",
-        "-n",
-        HELD,
-        "configmap",
-        "hold",
-        "--type=merge",
-        "-p",
-        "{\"metadata\":{\"finalizers\":null}}",
-    ])?;
+    release()?;
     cluster.kubectl(&["delete", "namespace", NS, "--wait=false"])?;
     operator.abort();
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -116,16 +116,10 @@ async fn wait_condition(
 
 /// The Warning events on a RouteTarget with `reason`.
 fn warnings(cluster: &Cluster, ns: &str, name: &str, reason: &str) -> Result<String> {
-    cluster.kubectl(&[
-        "-n",
+    cluster.event_messages(
         ns,
-        "get",
-        "events",
-        "--field-selector",
         &format!("involvedObject.name={name},involvedObject.kind=RouteTarget,reason={reason},type=Warning"),
-        "-o",
-        "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
-    ])
+    )
 }
 
 fn backend(name: &str) -> String {

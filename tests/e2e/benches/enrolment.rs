@@ -47,14 +47,7 @@ async fn time_until(configs: &Api<NodeConfig>, want: usize) -> Result<Duration> 
 async fn main() -> Result<()> {
     let cluster = Cluster::get().await?;
     install(&cluster, &[]).await?;
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        NS,
-        "--ignore-not-found",
-        "--wait",
-        "--timeout=180s",
-    ])?;
+    cluster.delete_namespaces(&[NS])?;
     cluster.apply_text(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n---\n\
          apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: pods, namespace: {NS}}}\n\

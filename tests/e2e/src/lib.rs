@@ -200,6 +200,35 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// The messages of the Events in `namespace` that `field_selector` picks (e.g.
+    /// `involvedObject.name=web,reason=Failed`), one per line.
+    pub fn event_messages(&self, namespace: &str, field_selector: &str) -> Result<String> {
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "events",
+            "--field-selector",
+            field_selector,
+            "-o",
+            "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+        ])
+    }
+
+    /// Deletes the namespaces `names` if they exist and waits until they are gone.
+    pub fn delete_namespaces(&self, names: &[&str]) -> Result<()> {
+        let mut args = vec!["delete", "namespace"];
+        args.extend(names);
+        args.extend(["--ignore-not-found", "--wait", "--timeout=180s"]);
+        self.kubectl(&args).map(drop)
+    }
+
+    /// Sets `label` (`key=value`) on the namespace `name`, replacing its value.
+    pub fn label_namespace(&self, name: &str, label: &str) -> Result<()> {
+        self.kubectl(&["label", "namespace", name, label, "--overwrite"])
+            .map(drop)
+    }
+
     /// `kubectl patch` of `target` (`kind/name`) in `namespace` with a patch of `kind`
     /// (`merge` or `json`).
     pub fn patch(

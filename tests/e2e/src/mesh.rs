@@ -75,13 +75,7 @@ pub async fn uninstall(cluster: &Cluster) -> Result<()> {
 pub async fn mesh_workloads(cluster: &Cluster, accounts: Accounts) -> Result<()> {
     cluster.apply(&upstream::release()?.manifest("manifests.yaml"))?;
     for ns in [MESH_NS, CONSUMER_NS] {
-        cluster.kubectl(&[
-            "label",
-            "namespace",
-            ns,
-            "aether.io/managed=true",
-            "--overwrite",
-        ])?;
+        cluster.label_namespace(ns, "aether.io/managed=true")?;
     }
     let deployments = [
         (MESH_NS, "echo-v1"),
@@ -273,14 +267,6 @@ pub fn run_client(cluster: &Cluster, pod: &Pod, args: &[String]) -> Result<Vec<E
 
 /// Takes the conformance workloads away again (the next test applies them anew).
 pub fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        MESH_NS,
-        CONSUMER_NS,
-        "--ignore-not-found",
-        "--wait",
-        "--timeout=180s",
-    ])?;
+    cluster.delete_namespaces(&[MESH_NS, CONSUMER_NS])?;
     Ok(())
 }

@@ -82,16 +82,10 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
     )?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let events = cluster.kubectl(&[
-            "-n",
+        let events = cluster.event_messages(
             MESH_NS,
-            "get",
-            "events",
-            "--field-selector",
             &format!("involvedObject.name={waiting},reason=FailedCreatePodSandBox"),
-            "-o",
-            "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
-        ])?;
+        )?;
         if events.contains("aether node proxy not reachable") {
             break;
         }
@@ -226,16 +220,10 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let events = cluster.kubectl(&[
-        "-n",
+    let events = cluster.event_messages(
         MESH_NS,
-        "get",
-        "events",
-        "--field-selector",
         &format!("involvedObject.name={name},reason=CaptureRepaired"),
-        "-o",
-        "name",
-    ])?;
+    )?;
     if events.trim().is_empty() {
         bail!("no CaptureRepaired Event on pod {name}");
     }

@@ -22,14 +22,7 @@ use serde_json::json;
 
 /// Makes `namespace` anew (deleting what an earlier run left).
 fn fresh_namespace(cluster: &Cluster, namespace: &str) -> Result<()> {
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        namespace,
-        "--ignore-not-found",
-        "--wait",
-        "--timeout=120s",
-    ])?;
+    cluster.delete_namespaces(&[namespace])?;
     cluster.kubectl(&["create", "namespace", namespace])?;
     // Pods are refused until the namespace's default ServiceAccount exists.
     cluster.kubectl(&[
@@ -387,20 +380,9 @@ async fn an_image_missing_from_the_node_gives_a_clear_event() -> Result<()> {
     )?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let events = cluster.kubectl(&[
-            "-n",
-            NS,
-            "get",
-            "events",
-            "--field-selector",
-            "involvedObject.name=missing,type=Warning",
-            "-o",
-            "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
-        ])?;
-        if events
-            .lines()
-            .any(|e| e.starts_with("Failed: ") && e.contains(IMAGE))
-        {
+        let events =
+            cluster.event_messages(NS, "involvedObject.name=missing,type=Warning,reason=Failed")?;
+        if events.contains(IMAGE) {
             break;
         }
         if Instant::now() > deadline {

@@ -125,14 +125,7 @@ fn events(cluster: &Cluster, reason: &str) -> Result<String> {
 async fn running_pods_join_and_leave_the_mesh_with_no_restart() -> Result<()> {
     let cluster = Cluster::get().await?;
     install(&cluster, &[]).await?;
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        NS,
-        "--ignore-not-found",
-        "--wait",
-        "--timeout=120s",
-    ])?;
+    cluster.delete_namespaces(&[NS])?;
     cluster.apply_text(&workloads())?;
     for version in ["v1", "v2"] {
         cluster.rollout_status(NS, &format!("deployment/echo-{version}"))?;
@@ -166,13 +159,7 @@ async fn running_pods_join_and_leave_the_mesh_with_no_restart() -> Result<()> {
         Stream::start_in(&cluster, NS, "http://echo-v2/", Some("node-1"), STREAM, QPS).await?;
     let started = Instant::now();
     tokio::time::sleep(LABELLED_AT).await;
-    cluster.kubectl(&[
-        "label",
-        "namespace",
-        NS,
-        "aether.io/managed=true",
-        "--overwrite",
-    ])?;
+    cluster.label_namespace(NS, "aether.io/managed=true")?;
     let labelled = started.elapsed();
     tokio::time::sleep(UNLABELLED_AT.saturating_sub(started.elapsed())).await;
     cluster.kubectl(&["label", "namespace", NS, "aether.io/managed-"])?;
@@ -237,13 +224,7 @@ async fn running_pods_join_and_leave_the_mesh_with_no_restart() -> Result<()> {
     eprintln!("each pod got an Event; the pod without a visible network namespace says why");
 
     // Meshed again, then a reinstall of aether: the running pods come back into the mesh.
-    cluster.kubectl(&[
-        "label",
-        "namespace",
-        NS,
-        "aether.io/managed=true",
-        "--overwrite",
-    ])?;
+    cluster.label_namespace(NS, "aether.io/managed=true")?;
     wait_captured(&cluster, &before, true).await?;
     uninstall(&cluster).await?;
     install(&cluster, &[]).await?;
@@ -278,29 +259,11 @@ async fn running_pods_join_and_leave_the_mesh_with_no_restart() -> Result<()> {
     // plaintext from an unmeshed pod elsewhere is refused.
     cluster.kubectl(&["label", "namespace", NS, "aether.io/managed-"])?;
     wait_captured(&cluster, &before, false).await?;
-    cluster.kubectl(&[
-        "label",
-        "namespace",
-        NS,
-        "aether.io/mtls=strict",
-        "--overwrite",
-    ])?;
-    cluster.kubectl(&[
-        "label",
-        "namespace",
-        NS,
-        "aether.io/managed=true",
-        "--overwrite",
-    ])?;
+    cluster.label_namespace(NS, "aether.io/mtls=strict")?;
+    cluster.label_namespace(NS, "aether.io/managed=true")?;
     wait_captured(&cluster, &before, true).await?;
     const OUTSIDE: &str = "e2e-enrolment-outside";
-    cluster.kubectl(&[
-        "delete",
-        "namespace",
-        OUTSIDE,
-        "--ignore-not-found",
-        "--wait",
-    ])?;
+    cluster.delete_namespaces(&[OUTSIDE])?;
     cluster.apply_text(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {OUTSIDE}}}\n---\n\
          apiVersion: v1\nkind: Pod\nmetadata: {{name: outsider, namespace: {OUTSIDE}}}\n\
