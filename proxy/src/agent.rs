@@ -520,9 +520,10 @@ impl Agent {
         results
     }
 
-    /// Takes registered pods out of the mesh without restarting them: their tables go at once
-    /// (new connections go direct), their listeners after [`LEAVE_LINGER`] (peers that still
-    /// see them meshed keep reaching them meanwhile). One result per container id.
+    /// Takes registered pods out of the mesh without restarting them: their tables capture
+    /// nothing new at once (new connections go direct, open ones go on), their listeners close
+    /// after [`LEAVE_LINGER`] (peers that still see them meshed keep reaching them meanwhile)
+    /// and their tables go after that, in [`Agent::finish_leaving`]. One result per container id.
     pub fn leave(&self, container_ids: &[String]) -> Vec<(PodRef, Result<(), String>)> {
         let mut state = self.lock();
         let mut next = state.registry.clone();
@@ -531,8 +532,8 @@ impl Agent {
             let Some(pod) = state.registry.get(id).cloned() else {
                 continue;
             };
-            match nft::delete(&self.nft, &pod.netns) {
-                Ok(_) => {
+            match nft::release(&self.nft, &pod.netns, &self.table_spec(&pod)) {
+                Ok(()) => {
                     next.remove(id, &pod.ifname);
                     results.push((pod.pod, Ok(())));
                 }
@@ -564,6 +565,43 @@ impl Agent {
             }
         }
         results
+    }
+
+    /// Moves the pods leaving the mesh on: closes the listeners whose linger is over, and
+    /// deletes the tables of the pods whose listeners and connections have all ended (unless
+    /// the pod joined again meanwhile). Returns when to call it again, `None` when no pod is
+    /// leaving.
+    pub fn finish_leaving(&self) -> Option<std::time::Instant> {
+        let mut state = self.lock();
+        let (ended, next) = state.listeners.sweep(std::time::Instant::now());
+        for pod in ended {
+            if state.registry.pods().any(|r| *r.netns == *pod.netns) {
+                continue;
+            }
+            match nft::delete(&self.nft, &pod.netns) {
+                Ok(_) => debug!(pod = %pod.pod, "deleted the table of a pod that left the mesh"),
+                // Harmless: a released table captures and refuses nothing.
+                Err(e) => {
+                    warn!(pod = %pod.pod, error = %e, "cannot delete the table of a pod that left the mesh")
+                }
+            }
+        }
+        next
+    }
+
+    /// When [`Agent::finish_leaving`] has something to do next; `None` when no pod is leaving.
+    pub fn leaving_due(&self) -> Option<std::time::Instant> {
+        self.lock().listeners.next_due()
+    }
+
+    /// The pods whose listeners accept connections, registered or leaving: those whose
+    /// ServiceAccounts need an SVID.
+    pub fn serving(&self) -> Vec<PodRef> {
+        self.lock()
+            .listeners
+            .serving()
+            .map(|info| info.pod.clone())
+            .collect()
     }
 
     /// Forgets pods the proxy enrolled whose pod is gone (the runtime tells the plugin about
@@ -598,6 +636,11 @@ impl Agent {
             match nft::delete(&self.nft, &pod.netns) {
                 Ok(_) => info!(pod = %pod.pod, "removed the capture table: aether is uninstalled"),
                 Err(e) => failed.push((pod.container_id.clone(), e.to_string())),
+            }
+        }
+        for pod in state.listeners.close_leaving() {
+            if let Err(e) = nft::delete(&self.nft, &pod.netns) {
+                failed.push((pod.key.clone(), e.to_string()));
             }
         }
         state.registry = Registry::default();

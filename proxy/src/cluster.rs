@@ -199,11 +199,14 @@ impl ClusterView {
             .cloned()
     }
 
-    /// ServiceAccounts of this node's meshed pods: those that need an SVID.
-    pub fn wanted_service_accounts(&self) -> BTreeSet<ServiceAccount> {
-        self.pods
+    /// ServiceAccounts that need an SVID: those of this node's meshed pods, and of the pods
+    /// whose listeners still accept mTLS (`serving`: a pod that just left still gets
+    /// connections from peers that have not heard yet).
+    pub fn wanted_service_accounts(&self, serving: &[PodRef]) -> BTreeSet<ServiceAccount> {
+        let meshed = self
+            .pods
             .state()
-            .iter()
+            .into_iter()
             .filter(|pod| !is_host_network(pod) && !is_finished(pod))
             .filter(|pod| {
                 let pod_ref = PodRef {
@@ -215,8 +218,11 @@ impl ClusterView {
                     crate::pod_view::meshing(self, &pod_ref),
                     Ok(aether_cni::decision::Meshing::Meshed)
                 )
-            })
-            .map(|pod| service_account_of(pod))
+            });
+        let serving = serving.iter().filter_map(|pod| self.pod(pod));
+        meshed
+            .chain(serving)
+            .map(|pod| service_account_of(&pod))
             .collect()
     }
 
@@ -566,12 +572,6 @@ pub async fn apply_changes(
                 Err(e) => warn!(error = %e, "ignoring the published trust bundle"),
             }
         }
-        wanted.send_if_modified(|current| {
-            let next = view.wanted_service_accounts();
-            let changed = *current != next;
-            *current = next;
-            changed
-        });
         let capture = snapshot.capture.clone();
         let generation = snapshot.generation;
         let agent_ = agent.clone();
@@ -579,16 +579,23 @@ pub async fn apply_changes(
             let update = agent_.update_capture_set(capture);
             // A namespace's mTLS mode may have changed with the view.
             agent_.sync_modes();
-            update
+            (update, agent_.finish_leaving())
         })
         .await;
-        let applied = match applied {
-            Ok(update) => update.failed.is_empty(),
+        let (applied, leaving) = match applied {
+            Ok((update, leaving)) => (update.failed.is_empty(), leaving),
             Err(e) => {
                 warn!(error = %e, "updating the pods' capture sets failed");
-                false
+                (false, None)
             }
         };
+        // After the leaving pods moved on: the SVID of one whose listeners closed goes now.
+        wanted.send_if_modified(|current| {
+            let next = view.wanted_service_accounts(&agent.serving());
+            let changed = *current != next;
+            *current = next;
+            changed
+        });
         let retry = enroller.pass(&view, &agent, &metrics).await;
         let captured = agent.registered();
         metrics.captured_pods.set(captured.len() as i64);
@@ -628,7 +635,13 @@ pub async fn apply_changes(
                 }
             }
         }
-        let due = retry.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        // A pod that left in this pass is moved on from its linger's end.
+        let leaving = leaving.or_else(|| agent.leaving_due());
+        let due = [retry, leaving.map(tokio::time::Instant::from_std)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             _ = view.changed.notified() => {}
             _ = tokio::time::sleep_until(due) => {}

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aether_cni::nft::{Families, Family};
 use aether_cni::protocol::PodRef;
@@ -82,11 +82,12 @@ pub trait Handler: Send + Sync + 'static {
 /// take to finish before they are cut.
 type Stop = Option<Duration>;
 
-/// The listener tasks of every registered pod, by container id.
+/// The listener tasks of every registered pod, by container id, and of the pods leaving.
 pub struct Listeners {
     runtime: Handle,
     handler: Arc<dyn Handler>,
     pods: HashMap<String, PodListeners>,
+    retiring: HashMap<String, Retiring>,
 }
 
 struct PodListeners {
@@ -96,6 +97,35 @@ struct PodListeners {
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl PodListeners {
+    fn is_open(&self) -> bool {
+        self.tasks.iter().all(|task| !task.is_finished())
+    }
+}
+
+/// A leaving pod's listeners: accepting until `until`, then closed with `drain` for the
+/// connections open then.
+struct Retiring {
+    listeners: PodListeners,
+    until: Instant,
+    drain: Duration,
+    stopped: bool,
+}
+
+impl Retiring {
+    /// When [`Listeners::sweep`] has something to do for it next.
+    fn due(&self) -> Instant {
+        if self.stopped {
+            self.until + self.drain + SWEEP_MARGIN
+        } else {
+            self.until
+        }
+    }
+}
+
+/// Past a retiring pod's drain, its tasks have ended; the sweep looks a moment later.
+const SWEEP_MARGIN: Duration = Duration::from_millis(100);
+
 impl Listeners {
     /// Tasks are spawned on `runtime`, so the methods may be called from any thread.
     pub fn new(runtime: Handle, handler: Arc<dyn Handler>) -> Self {
@@ -103,14 +133,16 @@ impl Listeners {
             runtime,
             handler,
             pods: HashMap::new(),
+            retiring: HashMap::new(),
         }
     }
 
     /// Makes sure the pod `info.key` has listeners on exactly `addrs` inside its netns, all
     /// accepting.
     /// Returns whether it opened new ones (`false`: they were already there, left untouched, so
-    /// a repeated registration does not drop the pod's connections). Different listeners the pod
-    /// had are closed first. All or nothing: if one cannot be opened, the pod has none.
+    /// a repeated registration does not drop the pod's connections). A pod that left and comes
+    /// back while its listeners still accept gets them back. Different listeners the pod had
+    /// are closed first. All or nothing: if one cannot be opened, the pod has none.
     pub fn open(
         &mut self,
         info: PodInfo,
@@ -120,6 +152,13 @@ impl Listeners {
         let same = |pod: &PodListeners| *pod.info.netns == *info.netns && pod.addrs == addrs;
         if self.pods.get(&key).is_some_and(same) && self.is_open(&key) {
             return Ok(false);
+        }
+        if let Some(retiring) = self.retiring.remove(&key) {
+            if !retiring.stopped && same(&retiring.listeners) && retiring.listeners.is_open() {
+                self.pods.insert(key, retiring.listeners);
+                return Ok(false);
+            }
+            retiring.listeners.stop.send_replace(Some(Duration::ZERO));
         }
         self.close(&key);
         let _runtime = self.runtime.enter();
@@ -157,9 +196,11 @@ impl Listeners {
         Ok(true)
     }
 
-    /// Closes the pod's listeners and cuts its open connections: the pod is gone.
+    /// Closes the pod's listeners (a leaving pod's too) and cuts its open connections: the
+    /// pod is gone.
     pub fn close(&mut self, key: &str) {
-        if let Some(pod) = self.pods.remove(key) {
+        let retiring = self.retiring.remove(key).map(|r| r.listeners);
+        for pod in self.pods.remove(key).into_iter().chain(retiring) {
             pod.stop.send_replace(Some(Duration::ZERO));
             self.handler.forget(&pod.info);
         }
@@ -167,34 +208,82 @@ impl Listeners {
 
     /// The pod leaves the mesh: its listeners keep accepting for `linger` (peers that still
     /// see it meshed keep reaching its inbound port while that news travels), then stop; the
-    /// connections open then get `drain` to finish. It is forgotten at once: a new
-    /// registration opens listeners anew.
+    /// connections open then get `drain` to finish. [`Listeners::sweep`] carries it out.
     pub fn retire(&mut self, key: &str, linger: Duration, drain: Duration) {
-        if let Some(pod) = self.pods.remove(key) {
-            let handler = self.handler.clone();
-            self.runtime.spawn(async move {
-                tokio::time::sleep(linger).await;
-                pod.stop.send_replace(Some(drain));
-                for task in pod.tasks {
-                    let _ = task.await;
-                }
-                handler.forget(&pod.info);
-            });
+        if let Some(listeners) = self.pods.remove(key) {
+            self.retiring.insert(
+                key.to_owned(),
+                Retiring {
+                    listeners,
+                    until: Instant::now() + linger,
+                    drain,
+                    stopped: false,
+                },
+            );
         }
+    }
+
+    /// Moves leaving pods on at `now`: stops the listeners whose linger is over, and returns
+    /// the pods whose listeners and connections have all ended (forgotten by the handler now),
+    /// with when to sweep again (`None`: no pod is leaving).
+    pub fn sweep(&mut self, now: Instant) -> (Vec<Arc<PodInfo>>, Option<Instant>) {
+        let mut ended = Vec::new();
+        self.retiring.retain(|_, retiring| {
+            if !retiring.stopped && now >= retiring.until {
+                retiring.listeners.stop.send_replace(Some(retiring.drain));
+                retiring.stopped = true;
+            }
+            let done =
+                retiring.stopped && retiring.listeners.tasks.iter().all(JoinHandle::is_finished);
+            if done {
+                self.handler.forget(&retiring.listeners.info);
+                ended.push(retiring.listeners.info.clone());
+            }
+            !done
+        });
+        (ended, self.next_due())
+    }
+
+    /// When [`Listeners::sweep`] has something to do next; `None` when no pod is leaving.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.retiring.values().map(Retiring::due).min()
+    }
+
+    /// Closes the listeners of every leaving pod at once, cutting their connections; returns
+    /// those pods.
+    pub fn close_leaving(&mut self) -> Vec<Arc<PodInfo>> {
+        self.retiring
+            .drain()
+            .map(|(_, retiring)| {
+                retiring.listeners.stop.send_replace(Some(Duration::ZERO));
+                self.handler.forget(&retiring.listeners.info);
+                retiring.listeners.info
+            })
+            .collect()
+    }
+
+    /// The pods whose listeners accept connections: the registered ones and those leaving.
+    pub fn serving(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.values().map(|p| &*p.info).chain(
+            self.retiring
+                .values()
+                .filter(|r| !r.stopped)
+                .map(|r| &*r.listeners.info),
+        )
     }
 
     /// Whether the pod's listeners are all open and accepting.
     pub fn is_open(&self, key: &str) -> bool {
-        self.pods
-            .get(key)
-            .is_some_and(|pod| pod.tasks.iter().all(|task| !task.is_finished()))
+        self.pods.get(key).is_some_and(PodListeners::is_open)
     }
 
     /// Closes every listener at once; open connections get up to `drain` to finish. Returns the
     /// tasks to wait for.
     pub fn stop_all(&mut self, drain: Duration) -> Vec<JoinHandle<()>> {
+        let retiring = self.retiring.drain().map(|(key, r)| (key, r.listeners));
         self.pods
             .drain()
+            .chain(retiring)
             .flat_map(|(_, pod)| {
                 pod.stop.send_replace(Some(drain));
                 pod.tasks

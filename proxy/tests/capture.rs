@@ -8,6 +8,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::{Client, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response};
@@ -230,6 +231,68 @@ fn a_capture_set_update_changes_what_new_connections_hit() {
         .agent
         .update_capture_set(capture_set(2, &["10.96.0.11:80"]));
     assert!(again.updated.is_empty() && again.failed.is_empty());
+}
+
+/// A line each way on an open connection.
+fn exchange(app: &mut std::net::TcpStream, served: &mut std::net::TcpStream) {
+    let mut line = [0; 5];
+    app.write_all(b"ping\n").unwrap();
+    served.read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"ping\n");
+    served.write_all(b"pong\n").unwrap();
+    app.read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"pong\n");
+}
+
+#[test]
+fn a_pod_leaving_the_mesh_keeps_its_open_connections_and_captures_no_new_ones() {
+    require_root();
+    let dir = TempDir::new();
+    let proxy = TestProxy::start(dir.path(), capture_set(1, &["10.96.0.10:80"]));
+    let node = Node::new(false, proxy.socket());
+    node.add_service_ips(&["10.96.0.10"]);
+    let server = listen_in(node.netns.path(), "10.96.0.10:80");
+    let pod = Pod::new("shop");
+    let (run, prev) = node.add(&pod);
+    run.ok();
+    let pod_ip = ip_of(&prev, false);
+
+    // A connection through the proxy, open across the leave.
+    let mut app = connect_from(pod.netns.path(), addr("10.96.0.10:80"), None).unwrap();
+    app.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut served = accept_within(&server).expect("the captured connection reached nothing");
+    served.set_nonblocking(false).unwrap();
+    served.set_read_timeout(Some(TIMEOUT)).unwrap();
+    assert_eq!(served.peer_addr().unwrap().ip(), pod_ip);
+    assert_ne!(
+        served.peer_addr().unwrap(),
+        app.local_addr().unwrap(),
+        "not proxied"
+    );
+    exchange(&mut app, &mut served);
+
+    let left = proxy.agent.leave(std::slice::from_ref(&pod.container_id));
+    assert!(left.iter().all(|(_, r)| r.is_ok()), "{left:?}");
+    assert!(proxy.registered_ids().is_empty());
+    // The open connection goes on (the kernel still translates it); a new one goes direct.
+    exchange(&mut app, &mut served);
+    assert_direct(&dial(&pod, addr("10.96.0.10:80"), &server));
+    assert_eq!(proxy.agent.serving().len(), 1, "the listeners linger");
+
+    // After the linger and the drain, the listeners are closed and the table is gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Some(due) = proxy.agent.finish_leaving() {
+        assert!(Instant::now() < deadline, "the pod is still leaving");
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    }
+    assert!(proxy.agent.serving().is_empty());
+    let table = Nft::default().list_ours(pod.netns.path()).unwrap();
+    assert!(
+        table.objects.is_empty(),
+        "the table is still there: {table:?}"
+    );
+    assert!(refused_within(pod.netns.path(), addr("127.0.0.1:15001")));
+    assert_direct(&dial(&pod, addr("10.96.0.10:80"), &server));
 }
 
 #[test]

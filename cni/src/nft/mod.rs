@@ -33,7 +33,8 @@
 //! proxy the ClusterIP:port the app dialled. Everything else is left to kube-proxy as before.
 //!
 //! [`install`] and [`delete`] are for the CNI plugin, [`replace_elements`] for the proxy when
-//! route targets change, [`verify`] for both (CHECK, and the proxy's drift repair).
+//! route targets change, [`release`] for a pod leaving the mesh while it runs, [`verify`] for
+//! both (CHECK, and the proxy's drift repair).
 
 mod exec;
 mod libnftables;
@@ -75,6 +76,19 @@ pub fn replace_elements(
     targets: &[SocketAddr],
 ) -> Result<(), NftError> {
     nft.apply(netns, &replace_elements_batch(families, targets))
+}
+
+/// Makes the table capture nothing new and refuse nothing, in one transaction, while it keeps
+/// the connections it redirected alive: a pod leaving the mesh. Deleting the table outright
+/// would take the netns's last NAT rule with it, and the kernel would stop translating the
+/// connections already redirected to the capture listener (they get reset). [`delete`] it
+/// once those have ended.
+pub fn release(nft: &Nft, netns: &Path, spec: &TableSpec) -> Result<(), NftError> {
+    let released = TableSpec {
+        strict: None,
+        ..spec.clone()
+    };
+    nft.apply(netns, &install_batch(&released, &[]))
 }
 
 /// Every difference between the pod's table and `spec`; empty when it is as installed.

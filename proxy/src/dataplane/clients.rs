@@ -25,7 +25,7 @@ use tracing::debug;
 
 use super::http::{Body, absolute_uri};
 use crate::identity::ServiceAccount;
-use crate::identity::tls::{Certs, TrustStore, peer_service_account};
+use crate::identity::tls::{Certs, FIRST_SVID_WAIT, TrustStore, peer_service_account};
 use crate::netns::{self, NetnsError};
 
 /// Bounds connecting to a peer; past it the request fails with 503.
@@ -87,9 +87,6 @@ fn uri_addr(uri: &Uri) -> Option<SocketAddr> {
         .trim_end_matches(']');
     Some(SocketAddr::new(host.parse().ok()?, authority.port_u16()?))
 }
-
-/// How long a request waits for its pod's first SVID before it is refused.
-const SVID_WAIT: Duration = Duration::from_secs(3);
 
 /// The pauses before trying a refused connection to a peer's inbound port again: a pod that
 /// has just joined the mesh opens its listener a moment after the news reaches this proxy.
@@ -192,7 +189,7 @@ impl PodClients {
         if let Some(conn) = self.pooled(source, to) {
             return Ok((conn, Fresh(false)));
         }
-        if !certs.wait_for(source, SVID_WAIT).await {
+        if !certs.wait_for(source, FIRST_SVID_WAIT).await {
             return Err(ClientError::NoSvid(source.clone()));
         }
         // Boxed: the handshake's large state would otherwise be part of every request's future.

@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 use super::clients::PodClients;
 use super::http::{self as h, Body, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane};
-use crate::identity::tls::peer_service_account;
+use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
 use crate::listeners::PodInfo;
 use crate::metrics::{Direction, RequestLabels};
 
@@ -31,7 +31,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         warn!(pod = %pod.pod, %peer, "inbound connection refused: the pod's ServiceAccount is not known yet");
         return;
     };
-    if !mesh.certs.has(&sa) {
+    if !mesh.certs.wait_for(&sa, FIRST_SVID_WAIT).await {
         warn!(pod = %pod.pod, %peer, service_account = %sa, "inbound connection refused: no SVID yet");
         return;
     }

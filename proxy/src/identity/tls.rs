@@ -29,6 +29,10 @@ use super::{ServiceAccount, spiffe_ids};
 /// proxies for a pair of workloads.
 pub const MESH_ALPN: &[u8] = b"h2";
 
+/// How long a connection of a pod that has just been meshed waits for the pod's first SVID,
+/// on either end, before it is refused: the SVID is issued a moment after the pod joins.
+pub const FIRST_SVID_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("trust bundle: {0}")]
