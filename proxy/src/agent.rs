@@ -22,7 +22,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::capture_set::CaptureSet;
 use crate::dataplane::{DataPlane, ForwardCounts};
-use crate::listeners::{Listeners, PodInfo, Role, capture_addrs, inbound_addr};
+use crate::listeners::{ConnectionLimits, Listeners, PodInfo, Role, capture_addrs, inbound_addr};
 use crate::pod_view::{self, PodView};
 use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
 
@@ -52,6 +52,7 @@ pub struct AgentConfig {
     /// The node's own addresses: strict mode still lets them connect (kubelet probes).
     pub hosts: Vec<IpAddr>,
     pub nft: Nft,
+    pub limits: ConnectionLimits,
 }
 
 pub struct Agent {
@@ -116,7 +117,7 @@ impl Agent {
         })?;
         let registry_path = config.state_dir.join(REGISTRY_FILE);
         let registry = Registry::load(&registry_path)?;
-        let listeners = Listeners::new(runtime, plane.clone());
+        let listeners = Listeners::new(runtime, plane.clone(), config.limits);
         let agent = Agent {
             capture_port: config.capture_port,
             inbound_port: config.inbound_port,
@@ -728,6 +729,7 @@ impl Agent {
             pod: pod.pod.clone(),
             netns: Arc::from(pod.netns.as_path()),
             families: pod.families(),
+            ips: pod.ips.clone(),
         }
     }
 

@@ -293,6 +293,23 @@ impl Workloads for ClusterView {
     fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount> {
         self.pod(pod).map(|p| service_account_of(&p))
     }
+
+    fn declared_ports(&self, pod: &PodRef) -> Vec<u16> {
+        let Some(pod) = self.pod(pod) else {
+            return Vec::new();
+        };
+        let Some(spec) = pod.spec.as_ref() else {
+            return Vec::new();
+        };
+        let init = spec.init_containers.iter().flatten();
+        spec.containers
+            .iter()
+            .chain(init)
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+            .filter_map(|p| u16::try_from(p.container_port).ok())
+            .collect()
+    }
 }
 
 impl ClusterView {

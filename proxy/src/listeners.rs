@@ -4,7 +4,7 @@
 //! (the data plane); this module owns the listeners' lifecycle.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use aether_cni::protocol::PodRef;
 use futures::future::BoxFuture;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
@@ -62,6 +62,34 @@ pub struct PodInfo {
     pub pod: PodRef,
     pub netns: Arc<Path>,
     pub families: Families,
+    /// The pod's addresses: where the inbound side delivers mesh requests.
+    pub ips: Vec<IpAddr>,
+}
+
+/// Bounds on the connections the listeners hold open at once, so that one pod's flood cannot
+/// take the descriptors and memory every other pod's connections need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Per listener: a pod's capture listener, its inbound one.
+    pub per_listener: usize,
+    /// Every listener of the node together.
+    pub per_node: usize,
+}
+
+/// Which limit refused a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Listener,
+    Node,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Listener => "listener",
+            Limit::Node => "node",
+        }
+    }
 }
 
 /// Serves the connections the listeners accept.
@@ -76,6 +104,9 @@ pub trait Handler: Send + Sync + 'static {
 
     /// The pod's listeners closed for good: forget what is kept for it.
     fn forget(&self, pod: &PodInfo);
+
+    /// A connection was accepted and closed at once: `limit` was reached.
+    fn over_limit(&self, role: Role, pod: &PodInfo, limit: Limit);
 }
 
 /// How a pod's listeners stop: `None` while they run, then how long their open connections may
@@ -86,6 +117,9 @@ type Stop = Option<Duration>;
 pub struct Listeners {
     runtime: Handle,
     handler: Arc<dyn Handler>,
+    limits: ConnectionLimits,
+    /// The node's share of connections, held by every open one.
+    node: Arc<Semaphore>,
     pods: HashMap<String, PodListeners>,
     retiring: HashMap<String, Retiring>,
 }
@@ -128,10 +162,12 @@ const SWEEP_MARGIN: Duration = Duration::from_millis(100);
 
 impl Listeners {
     /// Tasks are spawned on `runtime`, so the methods may be called from any thread.
-    pub fn new(runtime: Handle, handler: Arc<dyn Handler>) -> Self {
+    pub fn new(runtime: Handle, handler: Arc<dyn Handler>, limits: ConnectionLimits) -> Self {
         Listeners {
             runtime,
             handler,
+            limits,
+            node: Arc::new(Semaphore::new(limits.per_node)),
             pods: HashMap::new(),
             retiring: HashMap::new(),
         }
@@ -182,6 +218,8 @@ impl Listeners {
                     role,
                     info: info.clone(),
                     handler: self.handler.clone(),
+                    own: Arc::new(Semaphore::new(self.limits.per_listener)),
+                    node: self.node.clone(),
                 };
                 self.runtime.spawn(pod.run(listener, stopped.clone()))
             })
@@ -297,9 +335,29 @@ struct PodListener {
     role: Role,
     info: Arc<PodInfo>,
     handler: Arc<dyn Handler>,
+    /// This listener's share of connections, and the node's.
+    own: Arc<Semaphore>,
+    node: Arc<Semaphore>,
 }
 
 impl PodListener {
+    /// The permits a newly accepted connection holds while it is open; `None` when a limit is
+    /// reached, and the connection is then reset at once (a client sees a refusal, not a hang).
+    fn admit(&self, stream: &TcpStream) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let refused = |limit| {
+            let _ = stream.set_zero_linger();
+            self.handler.over_limit(self.role, &self.info, limit);
+            None
+        };
+        let Ok(own) = self.own.clone().try_acquire_owned() else {
+            return refused(Limit::Listener);
+        };
+        let Ok(node) = self.node.clone().try_acquire_owned() else {
+            return refused(Limit::Node);
+        };
+        Some((own, node))
+    }
+
     async fn run(self, listener: TcpListener, mut stop: watch::Receiver<Stop>) {
         let mut connections = JoinSet::new();
         loop {
@@ -308,8 +366,15 @@ impl PodListener {
                 _ = stop.changed() => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        let Some(permits) = self.admit(&stream) else {
+                            continue;
+                        };
                         let _ = stream.set_nodelay(true);
-                        connections.spawn(self.handler.clone().serve(self.role, stream, peer, self.info.clone()));
+                        let served = self.handler.clone().serve(self.role, stream, peer, self.info.clone());
+                        connections.spawn(async move {
+                            let _permits = permits;
+                            served.await
+                        });
                     }
                     Err(error) => {
                         warn!(pod = %self.info.pod, role = ?self.role, %error, "accepting a connection failed");

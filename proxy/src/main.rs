@@ -17,6 +17,7 @@ use aether_proxy::cluster::{self, ClusterView};
 use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
 use aether_proxy::identity::svid::{self, CaClient};
 use aether_proxy::identity::tls::{Certs, TrustStore};
+use aether_proxy::listeners::ConnectionLimits;
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::Metrics;
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
@@ -129,6 +130,14 @@ struct RunArgs {
     /// The ServiceAccount (in --namespace) whose token the CNI plugin uses.
     #[arg(long, default_value = "aether-cni")]
     cni_service_account: String,
+    /// The most connections one pod's capture listener (or its inbound one) holds open at once;
+    /// more are reset on accept.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_listener: u32,
+    /// The most connections all listeners of the node hold open at once (each takes two file
+    /// descriptors; lowered to fit the open-file limit).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
     /// How long open connections may take to finish after SIGTERM.
     #[arg(long, default_value_t = 5)]
     drain_seconds: u64,
@@ -175,9 +184,9 @@ fn main() -> ExitCode {
     let Cli {
         command: Command::Run(args),
     } = Cli::parse();
-    raise_open_file_limit();
+    let open_files = raise_open_file_limit();
     let result = runtimes(args.worker_threads)
-        .and_then(|(control, data)| control.block_on(run(*args, data)));
+        .and_then(|(control, data)| control.block_on(run(*args, data, open_files)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -189,16 +198,46 @@ fn main() -> ExitCode {
 
 /// Every captured connection holds two descriptors, and every pod's listeners a few more: the
 /// usual soft limit of 1024 would refuse connections long before the node is busy. Raised to
-/// the hard limit (the runtime's, typically over a million).
-fn raise_open_file_limit() {
+/// the hard limit (the runtime's, typically over a million). Returns the limit in force, when
+/// known.
+fn raise_open_file_limit() -> Option<u64> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => info!(from = soft, to = hard, "raised the open-file limit"),
-            Err(e) => warn!(error = %e, limit = soft, "cannot raise the open-file limit"),
+            Ok(()) => {
+                info!(from = soft, to = hard, "raised the open-file limit");
+                Some(hard)
+            }
+            Err(e) => {
+                warn!(error = %e, limit = soft, "cannot raise the open-file limit");
+                Some(soft)
+            }
         },
-        Ok(_) => {}
-        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
+        Ok((soft, _)) => Some(soft),
+        Err(e) => {
+            warn!(error = %e, "cannot read the open-file limit");
+            None
+        }
+    }
+}
+
+/// Descriptors kept for what is not a connection: listeners, netns handles, the API client.
+const RESERVED_FILES: u64 = 1024;
+
+/// The connection limits from the flags, the node's lowered so its connections' two descriptors
+/// each fit in the open-file limit.
+fn connection_limits(args: &RunArgs, open_files: Option<u64>) -> ConnectionLimits {
+    let fits = open_files.map_or(u64::MAX, |n| n.saturating_sub(RESERVED_FILES) / 2);
+    let per_node = u64::from(args.max_connections).min(fits).max(1);
+    if per_node < u64::from(args.max_connections) {
+        info!(
+            max_connections = per_node,
+            open_files, "lowered --max-connections to fit the open-file limit"
+        );
+    }
+    ConnectionLimits {
+        per_listener: args.max_connections_per_listener as usize,
+        per_node: per_node as usize,
     }
 }
 
@@ -237,8 +276,13 @@ fn runtimes(
 }
 
 /// Runs the proxy on the control runtime; `data` serves the pods' connections.
-async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> {
+async fn run(
+    args: RunArgs,
+    data: tokio::runtime::Handle,
+    open_files: Option<u64>,
+) -> anyhow::Result<()> {
     info!(node = %args.node, capture_port = args.capture_port, inbound_port = args.inbound_port, "starting aether-proxy");
+    let limits = connection_limits(&args, open_files);
     let metrics = Arc::new(Metrics::new());
     let (ready, readiness) = watch::channel(Err("starting".to_string()));
     let admin = tokio::net::TcpListener::bind(args.admin_addr)
@@ -271,6 +315,7 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 inbound_port: None,
                 hosts: Vec::new(),
                 nft,
+                limits,
             };
             let plane = DataPlane::new(None);
             (
@@ -346,6 +391,7 @@ async fn run(args: RunArgs, data: tokio::runtime::Handle) -> anyhow::Result<()> 
                 inbound_port: Some(args.inbound_port),
                 hosts: netns::host_addresses().context("listing the node's addresses")?,
                 nft,
+                limits,
             };
             let agent =
                 start_agent(config, view.clone(), snapshot.capture.clone(), data, plane).await?;

@@ -76,6 +76,10 @@ pub struct Snapshot {
     /// SPIFFE IDs each backend Service may present.
     pub identities: HashMap<ServiceKey, BTreeSet<String>>,
     pub services: HashMap<ServiceKey, ServiceEntry>,
+    /// The target ports of every EndpointSlice address, with the slice's namespace: the ports
+    /// a pod serves are those its own namespace's Services send to (a slice of another
+    /// namespace naming the pod proves nothing, anyone may write one).
+    pub served: HashMap<IpAddr, Vec<(String, u16)>>,
     pub managed_namespaces: HashSet<String>,
     /// Tables that did not load, with the reason (reported, never fatal).
     pub errors: Vec<String>,
@@ -108,6 +112,7 @@ impl Snapshot {
         let mut snapshot = Snapshot {
             generation: inputs.node_config.map(|(g, _)| g),
             services: services(inputs, &managed_namespaces),
+            served: served(inputs.slices),
             managed_namespaces,
             ..Snapshot::default()
         };
@@ -224,6 +229,46 @@ fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKe
         }
     }
     out
+}
+
+fn served(slices: &[Arc<EndpointSlice>]) -> HashMap<IpAddr, Vec<(String, u16)>> {
+    let mut out: HashMap<IpAddr, Vec<(String, u16)>> = HashMap::new();
+    for slice in slices {
+        let Some(ns) = slice.metadata.namespace.as_deref() else {
+            continue;
+        };
+        let ports: Vec<u16> = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+            .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
+            .collect();
+        for endpoint in slice.endpoints.iter().flatten() {
+            for ip in endpoint
+                .addresses
+                .iter()
+                .filter_map(|a| a.parse::<IpAddr>().ok())
+            {
+                let served = out.entry(ip).or_default();
+                for &port in &ports {
+                    if !served.iter().any(|(n, p)| *p == port && n == ns) {
+                        served.push((ns.to_owned(), port));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+impl Snapshot {
+    /// Whether a Service of `namespace` sends to `ip:port`.
+    pub fn serves(&self, namespace: &str, ip: IpAddr, port: u16) -> bool {
+        self.served
+            .get(&ip)
+            .is_some_and(|ports| ports.iter().any(|(n, p)| *p == port && n == namespace))
+    }
 }
 
 fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKey, ServiceEntry> {
@@ -468,5 +513,36 @@ mod tests {
         assert!(Arc::ptr_eq(&orphaned.targets[&key], &next.targets[&key]));
         assert_eq!(orphaned.identities, next.identities);
         assert!(orphaned.endpoints(&v1, 7070).is_empty());
+    }
+
+    #[test]
+    fn a_pod_serves_the_ports_its_own_namespace_sends_to() {
+        let slices = [
+            slice(
+                "shop",
+                "web",
+                &[("http", 8080)],
+                &[("10.0.0.5", true), ("10.0.0.6", false)],
+            ),
+            // Anyone may write a slice naming another namespace's pod.
+            slice("evil", "sneak", &[("admin", 9000)], &[("10.0.0.5", true)]),
+        ];
+        let inputs = Inputs {
+            node_config: None,
+            services: &[],
+            slices: &slices,
+            namespaces: &[],
+        };
+        let snapshot = Snapshot::build(&inputs, &Snapshot::default());
+        let pod: IpAddr = "10.0.0.5".parse().unwrap();
+        assert!(snapshot.serves("shop", pod, 8080));
+        assert!(
+            !snapshot.serves("shop", pod, 9000),
+            "a slice of another namespace counts"
+        );
+        assert!(!snapshot.serves("shop", pod, 8081));
+        // A pod that is not ready still serves its port.
+        assert!(snapshot.serves("shop", "10.0.0.6".parse().unwrap(), 8080));
+        assert!(!snapshot.serves("shop", "10.0.0.7".parse().unwrap(), 8080));
     }
 }

@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::listeners::{Limit, Role};
+
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Direction {
     /// A captured request of a local pod.
@@ -71,6 +73,19 @@ pub struct DriftLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// `capture` or `inbound`.
+    pub listener: &'static str,
+    /// `listener` (the pod's own share) or `node`.
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EnrolmentLabels {
     /// `enrol` or `leave`.
     pub action: &'static str,
@@ -88,6 +103,8 @@ pub struct Metrics {
     svids: Family<ResultLabels, Counter>,
     drift: Family<DriftLabels, Counter>,
     enrolments: Family<EnrolmentLabels, Counter>,
+    inbound_refused: Family<ReasonLabels, Counter>,
+    over_limit: Family<LimitLabels, Counter>,
     pub captured_pods: Gauge,
     pub config_generation: Gauge,
 }
@@ -109,6 +126,8 @@ impl Metrics {
         let svids = Family::<ResultLabels, Counter>::default();
         let drift = Family::<DriftLabels, Counter>::default();
         let enrolments = Family::<EnrolmentLabels, Counter>::default();
+        let inbound_refused = Family::<ReasonLabels, Counter>::default();
+        let over_limit = Family::<LimitLabels, Counter>::default();
         let captured_pods = Gauge::default();
         let config_generation = Gauge::default();
         registry.register(
@@ -142,6 +161,16 @@ impl Metrics {
             enrolments.clone(),
         );
         registry.register(
+            "inbound_refused",
+            "Mesh connections or requests to local pods refused, by reason (port: a port the pod does not serve)",
+            inbound_refused.clone(),
+        );
+        registry.register(
+            "connections_over_limit",
+            "Connections reset on accept because a listener or the node holds its most, by listener and limit",
+            over_limit.clone(),
+        );
+        registry.register(
             "captured_pods",
             "Pods registered with this proxy",
             captured_pods.clone(),
@@ -160,6 +189,8 @@ impl Metrics {
             svids,
             drift,
             enrolments,
+            inbound_refused,
+            over_limit,
             captured_pods,
             config_generation,
         }
@@ -194,6 +225,25 @@ impl Metrics {
         let result = if ok { "ok" } else { "error" };
         self.enrolments
             .get_or_create(&EnrolmentLabels { action, result })
+            .inc();
+    }
+
+    pub fn inbound_refused(&self, reason: &'static str) {
+        self.inbound_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn connection_refused(&self, role: Role, limit: Limit) {
+        let listener = match role {
+            Role::Capture => "capture",
+            Role::Inbound => "inbound",
+        };
+        self.over_limit
+            .get_or_create(&LimitLabels {
+                listener,
+                limit: limit.as_str(),
+            })
             .inc();
     }
 

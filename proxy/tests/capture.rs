@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::{Client, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response};
+use aether_proxy::listeners::ConnectionLimits;
 use common::chain::{Node, pod_ips};
 use common::proxy::{CAPTURE_PORT, TestProxy, capture_set, refused_within};
 use common::sockets::{TIMEOUT, accept_within, connect_from, listen_in};
@@ -293,6 +294,87 @@ fn a_pod_leaving_the_mesh_keeps_its_open_connections_and_captures_no_new_ones() 
     );
     assert!(refused_within(pod.netns.path(), addr("127.0.0.1:15001")));
     assert_direct(&dial(&pod, addr("10.96.0.10:80"), &server));
+}
+
+/// A captured connection from `pod`, served by `server`: both ends, after a line each way.
+fn held(pod: &Pod, server: &TcpListener) -> (std::net::TcpStream, std::net::TcpStream) {
+    let mut app = connect_from(pod.netns.path(), addr("10.96.0.10:80"), None).unwrap();
+    app.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut served = accept_within(server).expect("a connection within the limits was not served");
+    served.set_nonblocking(false).unwrap();
+    served.set_read_timeout(Some(TIMEOUT)).unwrap();
+    exchange(&mut app, &mut served);
+    (app, served)
+}
+
+/// A captured connection from `pod` that the proxy resets at once: no byte comes back.
+fn assert_reset(pod: &Pod) {
+    let mut app = connect_from(pod.netns.path(), addr("10.96.0.10:80"), None).unwrap();
+    app.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let _ = app.write_all(b"ping\n");
+    let mut buf = [0; 1];
+    match app.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("a connection over the limit was not reset: {other:?}"),
+    }
+}
+
+#[test]
+fn connections_over_a_listeners_or_the_nodes_limit_are_reset_and_others_go_on() {
+    require_root();
+    let dir = TempDir::new();
+    let limits = ConnectionLimits {
+        per_listener: 3,
+        per_node: 5,
+    };
+    let proxy = TestProxy::start_with(dir.path(), capture_set(1, &["10.96.0.10:80"]), limits);
+    let node = Node::new(false, proxy.socket());
+    node.add_service_ips(&["10.96.0.10"]);
+    let server = listen_in(node.netns.path(), "10.96.0.10:80");
+    let (flood, quiet) = (Pod::new("shop"), Pod::new("shop"));
+    node.add(&flood).0.ok();
+    node.add(&quiet).0.ok();
+
+    // One pod takes its listener's whole share; its next connection is reset.
+    let mut flooding: Vec<_> = (0..3).map(|_| held(&flood, &server)).collect();
+    assert_reset(&flood);
+    // Another pod's connections are served, up to what the node has left.
+    let quiet_held: Vec<_> = (0..2).map(|_| held(&quiet, &server)).collect();
+    assert_reset(&quiet);
+    let counts = proxy.counts_reach(|c| c.failed == 2);
+    assert_eq!((counts.accepted, counts.failed), (7, 2));
+
+    // A connection that ends gives its share back.
+    drop(flooding.pop());
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let mut app = connect_from(flood.netns.path(), addr("10.96.0.10:80"), None).unwrap();
+        app.set_read_timeout(Some(TIMEOUT)).unwrap();
+        if let Some(mut served) = accept_within_quickly(&server) {
+            served.set_nonblocking(false).unwrap();
+            served.set_read_timeout(Some(TIMEOUT)).unwrap();
+            exchange(&mut app, &mut served);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the freed share was not given back"
+        );
+    }
+    drop((flooding, quiet_held));
+}
+
+/// A connection accepted within a moment, or `None`.
+fn accept_within_quickly(server: &TcpListener) -> Option<std::net::TcpStream> {
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        if let Ok((stream, _)) = server.accept() {
+            return Some(stream);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
 }
 
 #[test]

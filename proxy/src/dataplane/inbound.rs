@@ -1,8 +1,9 @@
 //! mTLS connections of other proxies to a local pod: the pod presents its ServiceAccount's
-//! SVID, the caller must present one of the mesh; each request goes to the app on the pod's
-//! loopback with the caller's verified identity in [`CLIENT_IDENTITY_HEADER`].
+//! SVID, the caller must present one of the mesh; each request goes to the pod's own address,
+//! on a port the pod serves, with the caller's verified identity in [`CLIENT_IDENTITY_HEADER`].
+//! Never to its loopback: what a pod keeps to itself stays out of the mesh's reach.
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,12 @@ use tracing::{debug, warn};
 
 use super::clients::PodClients;
 use super::http::{self as h, Body, FORWARD_HEADER, answer, authority, parse_forward};
-use super::{CLIENT_IDENTITY_HEADER, DataPlane};
+use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
 use crate::listeners::PodInfo;
+use crate::mesh::Snapshot;
 use crate::metrics::{Direction, RequestLabels};
+use aether_cni::protocol::PodRef;
 
 /// Bounds the TLS handshake of a connecting peer.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,13 +31,25 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         return;
     };
     let Some(sa) = mesh.workloads.service_account(&pod.pod) else {
+        mesh.metrics.inbound_refused("unknown_pod");
         warn!(pod = %pod.pod, %peer, "inbound connection refused: the pod's ServiceAccount is not known yet");
         return;
     };
     if !mesh.certs.wait_for(&sa, FIRST_SVID_WAIT).await {
+        mesh.metrics.inbound_refused("no_svid");
         warn!(pod = %pod.pod, %peer, service_account = %sa, "inbound connection refused: no SVID yet");
         return;
     }
+    let Some(&address) = pod
+        .ips
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or_else(|| pod.ips.first())
+    else {
+        mesh.metrics.inbound_refused("no_address");
+        warn!(pod = %pod.pod, %peer, "inbound connection refused: the pod has no address");
+        return;
+    };
     let acceptor = tokio_rustls::TlsAcceptor::from(mesh.certs.server_config(&sa));
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
@@ -60,9 +75,11 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
     };
     let app = Arc::new(App {
         clients: plane.clients(&pod.netns),
-        plane: plane.clone(),
+        mesh: mesh.clone(),
         label: format!("{}/{}", pod.pod.namespace, pod.pod.name).into(),
         no_target: "".into(),
+        declared: mesh.workloads.declared_ports(&pod.pod),
+        address,
         pod,
         identity,
     });
@@ -81,8 +98,12 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
 }
 
 struct App {
-    plane: Arc<DataPlane>,
+    mesh: Arc<Mesh>,
     pod: Arc<PodInfo>,
+    /// The pod's address requests are delivered to.
+    address: IpAddr,
+    /// The ports the pod's containers declare, looked up once for the connection.
+    declared: Vec<u16>,
     /// The pod's connection pools (to its apps), looked up once for the connection.
     clients: Arc<PodClients>,
     identity: HeaderValue,
@@ -96,18 +117,16 @@ impl App {
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let started = Instant::now();
         let response = self.forward(request).await;
-        if let Some(mesh) = &self.plane.mesh {
-            mesh.metrics.request(
-                RequestLabels {
-                    direction: Direction::Inbound,
-                    target: self.no_target.clone(),
-                    route: String::new(),
-                    backend: self.label.clone(),
-                    status: response.status().as_u16(),
-                },
-                started.elapsed(),
-            );
-        }
+        self.mesh.metrics.request(
+            RequestLabels {
+                direction: Direction::Inbound,
+                target: self.no_target.clone(),
+                route: String::new(),
+                backend: self.label.clone(),
+                status: response.status().as_u16(),
+            },
+            started.elapsed(),
+        );
         response
     }
 
@@ -120,6 +139,20 @@ impl App {
             );
         };
         parts.headers.remove(FORWARD_HEADER);
+        if !serves(
+            &self.declared,
+            &self.mesh.snapshot.load(),
+            &self.pod.pod,
+            self.address,
+            port,
+        ) {
+            self.mesh.metrics.inbound_refused("port");
+            warn!(pod = %self.pod.pod, port, "refused a mesh request for a port the pod does not serve");
+            return answer(
+                StatusCode::FORBIDDEN,
+                format!("pod {} serves no port {port}", self.pod.pod),
+            );
+        }
         // Whatever the caller claimed, the app sees only what mTLS proved.
         parts.headers.remove(CLIENT_IDENTITY_HEADER);
         parts
@@ -131,11 +164,7 @@ impl App {
         {
             parts.headers.insert(header::HOST, value);
         }
-        let app = if self.pod.families.ipv4 {
-            SocketAddr::from((Ipv4Addr::LOCALHOST, port))
-        } else {
-            SocketAddr::from((Ipv6Addr::LOCALHOST, port))
-        };
+        let app = SocketAddr::new(self.address, port);
         parts.version = if http2 {
             Version::HTTP_2
         } else {
@@ -157,4 +186,10 @@ impl App {
             }
         }
     }
+}
+
+/// Whether the pod serves `port` to the mesh: one of its containers declares it, or a Service of
+/// its own namespace sends to it.
+fn serves(declared: &[u16], snapshot: &Snapshot, pod: &PodRef, address: IpAddr, port: u16) -> bool {
+    declared.contains(&port) || snapshot.serves(&pod.namespace, address, port)
 }

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use crate::balancer::Balancer;
 use crate::identity::ServiceAccount;
 use crate::identity::tls::Certs;
-use crate::listeners::{Handler, PodInfo, Role};
+use crate::listeners::{Handler, Limit, PodInfo, Role};
 use crate::mesh::Snapshot;
 use crate::metrics::Metrics;
 use clients::PodClients;
@@ -37,9 +37,12 @@ use clients::PodClients;
 /// verified by mTLS. Any copy a client sends is removed first, so only aether sets it.
 pub const CLIENT_IDENTITY_HEADER: HeaderName = HeaderName::from_static("x-aether-client-identity");
 
-/// Who a local pod is, for the mesh: its ServiceAccount comes from the cluster.
+/// Who a local pod is, for the mesh: its ServiceAccount and declared ports come from the
+/// cluster.
 pub trait Workloads: Send + Sync {
     fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount>;
+    /// The TCP ports the pod's containers declare.
+    fn declared_ports(&self, pod: &PodRef) -> Vec<u16>;
 }
 
 /// The current snapshot, swapped whole when the cluster changes.
@@ -187,5 +190,17 @@ impl Handler for DataPlane {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&pod.netns);
+    }
+
+    fn over_limit(&self, role: Role, pod: &PodInfo, limit: Limit) {
+        if role == Role::Capture {
+            self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(mesh) = &self.mesh {
+            mesh.metrics.connection_refused(role, limit);
+        }
+        // A flood would flood the log too: the metric is the signal.
+        tracing::debug!(pod = %pod.pod, ?role, limit = limit.as_str(), "reset a connection over the limit");
     }
 }

@@ -14,6 +14,7 @@ use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cni_server;
 use aether_proxy::dataplane::DataPlane;
 use aether_proxy::dataplane::ForwardCounts;
+use aether_proxy::listeners::ConnectionLimits;
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -56,6 +57,18 @@ pub struct TestProxy {
 impl TestProxy {
     /// Starts a proxy whose socket and state live in `dir`.
     pub fn start(dir: &Path, capture: CaptureSet) -> Self {
+        Self::start_with(
+            dir,
+            capture,
+            ConnectionLimits {
+                per_listener: 4096,
+                per_node: 65536,
+            },
+        )
+    }
+
+    /// [`TestProxy::start`] with these connection limits.
+    pub fn start_with(dir: &Path, capture: CaptureSet, limits: ConnectionLimits) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -67,6 +80,7 @@ impl TestProxy {
             inbound_port: None,
             hosts: Vec::new(),
             nft: Nft::default(),
+            limits,
         };
         let agent = Arc::new(
             Agent::start(

@@ -13,16 +13,25 @@
 //!
 //! A forged caller identity: a meshed pod sending its own `x-aether-client-identity` (an
 //! admin's SPIFFE ID) reaches the backend as itself, with that one value only.
+//!
+//! A tenant aiming at what another namespace's pod keeps to itself: a Service of its own with a
+//! hand-written EndpointSlice naming the victim pod's loopback-only port, and a route on it,
+//! never reaches that port (its own proxy refuses the victim's identity for its Service; the
+//! victim's proxy would refuse the port); the victim's server bound to its pod address only is
+//! reached through the mesh.
 
 use aether_crds::NodeConfig;
+use std::time::Duration;
+
 use aether_e2e::mesh::{
-    Accounts, MESH_NS, PROXY_PODS, client_pod, install, mesh_workloads, uninstall,
-    unmesh_workloads, wait_nodes_applied,
+    Accounts, ECHO_IMAGE, MESH_NS, PROXY_PODS, TRUST_DOMAIN, client_pod, install, mesh_workloads,
+    uninstall, unmesh_workloads, wait_accepted, wait_nodes_applied,
 };
 use aether_e2e::stream::apply_split;
 use aether_e2e::{Cluster, echo};
+use aether_test_support::cases::RouteRef;
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -98,6 +107,7 @@ async fn attacks_are_contained() -> Result<()> {
     a_stolen_proxy_token_writes_nothing_beyond_its_node(&cluster).await?;
     oversized_heads_get_431(&cluster).await?;
     a_forged_identity_header_is_replaced(&cluster).await?;
+    a_pods_own_ports_stay_its_own(&cluster).await?;
     uninstall(&cluster).await.context("uninstalling aether")?;
     unmesh_workloads(&cluster)?;
     Ok(())
@@ -275,5 +285,98 @@ async fn a_forged_identity_header_is_replaced(cluster: &Cluster) -> Result<()> {
     }
     eprintln!("a forged identity header reached the backend as the caller's real identity only");
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    Ok(())
+}
+
+async fn a_pods_own_ports_stay_its_own(cluster: &Cluster) -> Result<()> {
+    const VICTIM: &str = "e2e-security-victim";
+    const TENANT: &str = "e2e-security-tenant";
+    cluster.delete_namespaces(&[VICTIM, TENANT])?;
+    // The victim: 8080 on every address, 8081 on its pod address only, 9000 on loopback only
+    // (an admin port). Its Service sends to 8080 and 8081, with a route on 8081.
+    cluster.apply_text(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {VICTIM}, labels: {{aether.io/managed: \"true\"}}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: vault, namespace: {VICTIM}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: vault, namespace: {VICTIM}, labels: {{app: vault}}}}\n\
+         spec:\n  serviceAccountName: vault\n  containers:\n  - name: echo\n    image: \"{ECHO_IMAGE}\"\n\
+         \x20   args: [--port=8080, --port=8081, --bind-ip=8081, --port=9000, --bind-localhost=9000]\n\
+         \x20   env: [{{name: INSTANCE_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: vault, namespace: {VICTIM}}}\n\
+         spec:\n  selector: {{app: vault}}\n  ports:\n\
+         \x20 - {{name: http, port: 80, targetPort: 8080, appProtocol: http}}\n\
+         \x20 - {{name: pod-ip, port: 81, targetPort: 8081, appProtocol: http}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: vault, namespace: {VICTIM}}}\n\
+         spec:\n  parentRefs: [{{group: \"\", kind: Service, name: vault, port: 81}}]\n\
+         \x20 rules: [{{backendRefs: [{{name: vault, port: 81}}]}}]\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {{name: {TENANT}, labels: {{aether.io/managed: \"true\"}}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: tenant, namespace: {TENANT}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: {TENANT}}}\n\
+         spec:\n  serviceAccountName: tenant\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n"
+    ))?;
+    cluster
+        .wait_ready(VICTIM, 1, Duration::from_secs(60))
+        .await?;
+    let client = cluster
+        .wait_ready(TENANT, 1, Duration::from_secs(60))
+        .await?
+        .remove(0);
+    let vault: Api<Pod> = Api::namespaced(cluster.client.clone(), VICTIM);
+    let vault_ip = aether_e2e::pod_ip(&vault.get("vault").await?)?;
+    // The tenant's own Service, its endpoints written by hand: the victim's admin port.
+    cluster.apply_text(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: sneak, namespace: {TENANT}}}\n\
+         spec:\n  ports: [{{name: admin, port: 80, appProtocol: http}}]\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: sneak-1, namespace: {TENANT}, labels: {{kubernetes.io/service-name: sneak}}}}\n\
+         addressType: IPv4\nports: [{{name: admin, port: 9000, protocol: TCP}}]\n\
+         endpoints: [{{addresses: [\"{vault_ip}\"]}}]\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: sneak, namespace: {TENANT}}}\n\
+         spec:\n  parentRefs: [{{group: \"\", kind: Service, name: sneak, port: 80}}]\n\
+         \x20 rules: [{{backendRefs: [{{name: sneak, port: 80}}]}}]\n"
+    ))?;
+    let route = |namespace: &str, name: &str| RouteRef {
+        kind: "HTTPRoute".into(),
+        name: name.into(),
+        namespace: namespace.into(),
+        parent_ref: None,
+    };
+    wait_accepted(cluster, &[route(VICTIM, "vault"), route(TENANT, "sneak")]).await?;
+    wait_nodes_applied(cluster).await?;
+
+    let output = cluster.exec(
+        &client,
+        "echo",
+        &["client", &format!("http://sneak.{TENANT}/")],
+    )?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let refused = echo::parse(&stdout);
+    let status = refused.first().and_then(|e| e.status);
+    if !matches!(status, Some(403 | 503)) || refused.iter().any(|e| e.body.hostname == "vault") {
+        bail!(
+            "a tenant's hand-made endpoint reached the victim's loopback port ({status:?}): {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    eprintln!("a tenant's hand-made endpoint for another pod's loopback-only port got {status:?}");
+    let pod_ip_only = cluster.exec(
+        &client,
+        "echo",
+        &["client", &format!("http://vault.{VICTIM}:81/")],
+    )?;
+    let stdout = String::from_utf8_lossy(&pod_ip_only.stdout);
+    let answered = echo::parse(&stdout);
+    let caller = format!("spiffe://{TRUST_DOMAIN}/ns/{TENANT}/sa/tenant");
+    match answered.first() {
+        Some(e)
+            if e.status == Some(200) && e.body.identity().as_deref() == Some(caller.as_str()) => {}
+        _ => bail!(
+            "a server bound to its pod address was not reached through the mesh: {stdout}{}",
+            String::from_utf8_lossy(&pod_ip_only.stderr)
+        ),
+    }
+    eprintln!(
+        "a server bound to its pod address only is reached through the mesh, with the caller's identity"
+    );
+    cluster.delete_namespaces(&[VICTIM, TENANT])?;
     Ok(())
 }
