@@ -30,7 +30,7 @@ use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
 pub const REGISTRY_FILE: &str = "registry.json";
 /// How long a pod leaving the mesh keeps its listeners: longer than the news takes to reach
 /// every node's proxy.
-const LEAVE_LINGER: Duration = Duration::from_secs(10);
+pub const LEAVE_LINGER: Duration = Duration::from_secs(10);
 /// What a leaving pod's open connections then get to finish.
 const LEAVE_DRAIN: Duration = Duration::from_secs(5);
 
@@ -523,9 +523,14 @@ impl Agent {
 
     /// Takes registered pods out of the mesh without restarting them: their tables capture
     /// nothing new at once (new connections go direct, open ones go on), their listeners close
-    /// after [`LEAVE_LINGER`] (peers that still see them meshed keep reaching them meanwhile)
-    /// and their tables go after that, in [`Agent::finish_leaving`]. One result per container id.
-    pub fn leave(&self, container_ids: &[String]) -> Vec<(PodRef, Result<(), String>)> {
+    /// after `linger` (peers that still see them meshed keep reaching them meanwhile; usually
+    /// [`LEAVE_LINGER`]) and their tables go after that, in [`Agent::finish_leaving`]. One result
+    /// per container id.
+    pub fn leave(
+        &self,
+        container_ids: &[String],
+        linger: Duration,
+    ) -> Vec<(PodRef, Result<(), String>)> {
         let mut state = self.lock();
         let mut next = state.registry.clone();
         let mut results = Vec::new();
@@ -556,7 +561,7 @@ impl Agent {
         }
         for id in container_ids {
             if next.get(id).is_none() {
-                state.listeners.retire(id, LEAVE_LINGER, LEAVE_DRAIN);
+                state.listeners.retire(id, linger, LEAVE_DRAIN);
             }
         }
         state.registry = next;

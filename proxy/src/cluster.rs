@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
-use crate::agent::{Agent, Enrolment};
+use crate::agent::{Agent, Enrolment, LEAVE_LINGER};
 use crate::dataplane::{Demand, SnapshotCell, Workloads};
 use crate::enrol::{self, NodePod, Step};
 use crate::identity::ServiceAccount;
@@ -423,7 +423,9 @@ impl Enroller {
         if !leaving.is_empty() {
             let ids: Vec<String> = leaving.iter().map(|(id, _, _)| id.clone()).collect();
             let agent_ = agent.clone();
-            if let Ok(results) = tokio::task::spawn_blocking(move || agent_.leave(&ids)).await {
+            if let Ok(results) =
+                tokio::task::spawn_blocking(move || agent_.leave(&ids, LEAVE_LINGER)).await
+            {
                 for (pod, result) in results {
                     let reason = leaving
                         .iter()

@@ -510,10 +510,43 @@ async fn start_agent(
     Ok(Arc::new(agent))
 }
 
+/// How long the listeners accept after an uninstall's SIGTERM: every proxy leaves at once, so
+/// peers stop sending within moments, not after the news of a label travelled.
+const UNINSTALL_LINGER: Duration = Duration::from_secs(3);
+
 /// aether is going away: no pod may keep a table that redirects to a proxy that will not come
-/// back, and no new pod may be handed to a plugin that is gone.
+/// back, and no new pod may be handed to a plugin that is gone. Every pod leaves the mesh as
+/// when its namespace is unlabelled, so no request is lost: new connections go direct at once,
+/// peers that still send mTLS are served while the listeners linger, open connections finish,
+/// then the tables go.
 async fn uninstall(agent: &Arc<Agent>, args: &RunArgs) {
     info!("helm uninstall: removing aether from this node");
+    let leaving = agent.clone();
+    let left = tokio::task::spawn_blocking(move || {
+        let ids: Vec<String> = leaving
+            .registered()
+            .into_iter()
+            .map(|pod| pod.container_id)
+            .collect();
+        leaving.leave(&ids, UNINSTALL_LINGER)
+    })
+    .await;
+    for (pod, result) in left.unwrap_or_default() {
+        if let Err(error) = result {
+            warn!(pod = %pod, error, "a pod could not leave the mesh gently; its table is deleted");
+        }
+    }
+    loop {
+        let sweeping = agent.clone();
+        match tokio::task::spawn_blocking(move || sweeping.finish_leaving()).await {
+            Ok(Some(due)) => tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await,
+            Ok(None) => break,
+            Err(e) => {
+                error!(error = %e, "moving the leaving pods on failed");
+                break;
+            }
+        }
+    }
     let agent = agent.clone();
     let (bin, conf) = (args.cni_bin_dir.clone(), args.cni_conf_dir.clone());
     let done = tokio::task::spawn_blocking(move || {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::{Client, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response};
+use aether_proxy::agent::LEAVE_LINGER;
 use aether_proxy::listeners::ConnectionLimits;
 use common::chain::{Node, pod_ips};
 use common::proxy::{CAPTURE_PORT, TestProxy, capture_set, refused_within};
@@ -272,7 +273,9 @@ fn a_pod_leaving_the_mesh_keeps_its_open_connections_and_captures_no_new_ones() 
     );
     exchange(&mut app, &mut served);
 
-    let left = proxy.agent.leave(std::slice::from_ref(&pod.container_id));
+    let left = proxy
+        .agent
+        .leave(std::slice::from_ref(&pod.container_id), LEAVE_LINGER);
     assert!(left.iter().all(|(_, r)| r.is_ok()), "{left:?}");
     assert!(proxy.registered_ids().is_empty());
     // The open connection goes on (the kernel still translates it); a new one goes direct.

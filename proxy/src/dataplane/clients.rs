@@ -89,12 +89,15 @@ fn uri_addr(uri: &Uri) -> Option<SocketAddr> {
 }
 
 /// The pauses before trying a refused connection to a peer's inbound port again: a pod that
-/// has just joined the mesh opens its listener a moment after the news reaches this proxy.
-const REFUSED_PAUSES: [Duration; 4] = [
+/// has just joined the mesh opens its listener a moment after the news reaches this proxy, or
+/// a few seconds after it when its node's proxy is itself starting (an install).
+const REFUSED_PAUSES: [Duration; 6] = [
     Duration::from_millis(50),
     Duration::from_millis(100),
     Duration::from_millis(200),
     Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
 ];
 
 async fn connect(netns: &Path, to: SocketAddr) -> Result<TcpStream, NetnsError> {

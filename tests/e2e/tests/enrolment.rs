@@ -7,13 +7,15 @@
 //!   direct again; no request fails and no pod restarts;
 //! - each pod gets an Event, and the NodeConfigs list the captured pods;
 //! - a pod whose network namespace the proxy cannot find gets an Event naming the cause;
-//! - `helm uninstall` then `helm install`: the running pods are meshed again.
+//! - `helm uninstall` then `helm install` under a stream: no request fails, and the running pods
+//!   are meshed again.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use aether_crds::NodeConfig;
-use aether_e2e::mesh::{ECHO_IMAGE, TRUST_DOMAIN, client, install, uninstall};
+use aether_e2e::echo::Exchange;
+use aether_e2e::mesh::{ECHO_IMAGE, client, install, uninstall};
 use aether_e2e::stream::Stream;
 use aether_e2e::{Cluster, is_ready, node_of};
 use anyhow::{Context, Result, bail};
@@ -26,6 +28,9 @@ const QPS: u64 = 10;
 const LABELLED_AT: Duration = Duration::from_secs(10);
 const UNLABELLED_AT: Duration = Duration::from_secs(25);
 const STREAM: Duration = Duration::from_secs(45);
+/// Long enough to outlast an uninstall (each proxy serves its peers for seconds more), an
+/// install and the pods' enrolment, with time left to see requests meshed again.
+const REINSTALL_STREAM: Duration = Duration::from_secs(60);
 /// The bound for a label change to take effect, and slack for the stream's own pace.
 const WITHIN: Duration = Duration::from_secs(5);
 const SLACK: Duration = Duration::from_secs(2);
@@ -108,6 +113,16 @@ async fn wait_captured(
     }
 }
 
+/// The caller identities the backend saw for the stream's requests that left between `from` and
+/// `to` after it started.
+fn identities(exchanges: &[Exchange], from: Duration, to: Duration) -> Vec<Option<String>> {
+    let index = |at: Duration| ((at.as_secs_f64() * QPS as f64) as usize).min(exchanges.len());
+    exchanges[index(from)..index(to).max(index(from))]
+        .iter()
+        .map(|e| e.body.identity())
+        .collect()
+}
+
 fn events(cluster: &Cluster, reason: &str) -> Result<String> {
     cluster.kubectl(&[
         "-n",
@@ -171,16 +186,9 @@ async fn running_pods_join_and_leave_the_mesh_with_no_restart() -> Result<()> {
         exchanges.len()
     );
 
-    let index = |at: Duration| (at.as_secs_f64() * QPS as f64) as usize;
-    let identities = |from: Duration, to: Duration| {
-        exchanges[index(from).min(exchanges.len())..index(to).min(exchanges.len())]
-            .iter()
-            .map(|e| e.body.identity())
-            .collect::<Vec<_>>()
-    };
-    let plain_before = identities(Duration::ZERO, labelled.saturating_sub(SLACK));
-    let meshed = identities(labelled + WITHIN + SLACK, unlabelled);
-    let plain_after = identities(unlabelled + WITHIN + SLACK, STREAM);
+    let plain_before = identities(&exchanges, Duration::ZERO, labelled.saturating_sub(SLACK));
+    let meshed = identities(&exchanges, labelled + WITHIN + SLACK, unlabelled);
+    let plain_after = identities(&exchanges, unlabelled + WITHIN + SLACK, STREAM);
     if plain_before.iter().any(Option::is_some) || plain_before.is_empty() {
         bail!("before the label, requests went through the mesh: {plain_before:?}");
     }
@@ -223,36 +231,44 @@ async fn running_pods_join_and_leave_the_mesh_with_no_restart() -> Result<()> {
     }
     eprintln!("each pod got an Event; the pod without a visible network namespace says why");
 
-    // Meshed again, then a reinstall of aether: the running pods come back into the mesh.
+    // Meshed again, then a reinstall of aether under a stream: no request fails, and the
+    // running pods come back into the mesh.
     cluster.label_namespace(NS, "aether.io/managed=true")?;
     wait_captured(&cluster, &before, true).await?;
+    let stream = Stream::start_in(
+        &cluster,
+        NS,
+        "http://echo-v2/",
+        Some("node-1"),
+        REINSTALL_STREAM,
+        QPS,
+    )
+    .await?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
     uninstall(&cluster).await?;
     install(&cluster, &[]).await?;
     wait_captured(&cluster, &before, true).await?;
-    let from = pods
-        .list(&ListParams::default().labels("app=echo,version=v1"))
-        .await?
-        .items;
-    let from = from.first().context("an echo-v1 pod")?;
-    let caller = format!("spiffe://{TRUST_DOMAIN}/ns/{NS}/sa/echo-v1");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let answer = client(&cluster, from, &["http://echo-v2/".to_string()]).await;
-        if let Ok(exchanges) = &answer
-            && exchanges.first().and_then(|e| e.body.identity()).as_deref() == Some(caller.as_str())
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("after the reinstall, requests did not go through the mesh: {answer:?}");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let recaptured = started.elapsed();
+    if recaptured + WITHIN + SLACK + Duration::from_secs(5) > REINSTALL_STREAM {
+        bail!("the reinstall took {recaptured:?}, too long for the stream to show its end");
+    }
+    let identity = stream.identity();
+    let exchanges = stream.finish(&cluster, "echo-v2").await?;
+    let meshed_again = identities(&exchanges, recaptured + WITHIN + SLACK, REINSTALL_STREAM);
+    if meshed_again.is_empty()
+        || meshed_again
+            .iter()
+            .any(|i| i.as_deref() != Some(identity.as_str()))
+    {
+        bail!("after the reinstall, requests did not go through the mesh again: {meshed_again:?}");
     }
     if running_pods(&cluster).await? != before {
         bail!("the reinstall replaced pods");
     }
     eprintln!(
-        "after helm uninstall and install, the running pods are meshed again, none restarted"
+        "helm uninstall and install under a stream of {} requests: none failed, the running pods are meshed again ({recaptured:?} after the stream started), none restarted",
+        exchanges.len()
     );
 
     // A namespace that is strict when its running pods join gets strict tables on them too:
