@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,16 @@ struct Dialled {
 }
 
 fn dial(pod: &Pod, to: SocketAddr, server: &TcpListener) -> Dialled {
+    let (app, served) = held(pod, to, server);
+    Dialled {
+        app: app.local_addr().unwrap(),
+        seen_from: served.peer_addr().unwrap(),
+    }
+}
+
+/// A connection from an app in the pod to `to`, served by `server`: both ends, open, after a
+/// line each way.
+fn held(pod: &Pod, to: SocketAddr, server: &TcpListener) -> (TcpStream, TcpStream) {
     let mut app = connect_from(pod.netns.path(), to, None)
         .unwrap_or_else(|e| panic!("connecting to {to} from the pod: {e}"));
     app.set_read_timeout(Some(TIMEOUT)).unwrap();
@@ -39,18 +49,8 @@ fn dial(pod: &Pod, to: SocketAddr, server: &TcpListener) -> Dialled {
         .unwrap_or_else(|| panic!("the connection to {to} did not reach its destination"));
     served.set_nonblocking(false).unwrap();
     served.set_read_timeout(Some(TIMEOUT)).unwrap();
-
-    let mut line = [0; 5];
-    app.write_all(b"ping\n").unwrap();
-    served.read_exact(&mut line).unwrap();
-    assert_eq!(&line, b"ping\n");
-    served.write_all(b"pong\n").unwrap();
-    app.read_exact(&mut line).unwrap();
-    assert_eq!(&line, b"pong\n");
-    Dialled {
-        app: app.local_addr().unwrap(),
-        seen_from: served.peer_addr().unwrap(),
-    }
+    exchange(&mut app, &mut served);
+    (app, served)
 }
 
 /// Asserts the connection went through the proxy: the destination saw a connection of the
@@ -236,7 +236,7 @@ fn a_capture_set_update_changes_what_new_connections_hit() {
 }
 
 /// A line each way on an open connection.
-fn exchange(app: &mut std::net::TcpStream, served: &mut std::net::TcpStream) {
+fn exchange(app: &mut TcpStream, served: &mut TcpStream) {
     let mut line = [0; 5];
     app.write_all(b"ping\n").unwrap();
     served.read_exact(&mut line).unwrap();
@@ -260,18 +260,13 @@ fn a_pod_leaving_the_mesh_keeps_its_open_connections_and_captures_no_new_ones() 
     let pod_ip = ip_of(&prev, false);
 
     // A connection through the proxy, open across the leave.
-    let mut app = connect_from(pod.netns.path(), addr("10.96.0.10:80"), None).unwrap();
-    app.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let mut served = accept_within(&server).expect("the captured connection reached nothing");
-    served.set_nonblocking(false).unwrap();
-    served.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let (mut app, mut served) = held(&pod, addr("10.96.0.10:80"), &server);
     assert_eq!(served.peer_addr().unwrap().ip(), pod_ip);
     assert_ne!(
         served.peer_addr().unwrap(),
         app.local_addr().unwrap(),
         "not proxied"
     );
-    exchange(&mut app, &mut served);
 
     let left = proxy
         .agent
@@ -297,17 +292,6 @@ fn a_pod_leaving_the_mesh_keeps_its_open_connections_and_captures_no_new_ones() 
     );
     assert!(refused_within(pod.netns.path(), addr("127.0.0.1:15001")));
     assert_direct(&dial(&pod, addr("10.96.0.10:80"), &server));
-}
-
-/// A captured connection from `pod`, served by `server`: both ends, after a line each way.
-fn held(pod: &Pod, server: &TcpListener) -> (std::net::TcpStream, std::net::TcpStream) {
-    let mut app = connect_from(pod.netns.path(), addr("10.96.0.10:80"), None).unwrap();
-    app.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let mut served = accept_within(server).expect("a connection within the limits was not served");
-    served.set_nonblocking(false).unwrap();
-    served.set_read_timeout(Some(TIMEOUT)).unwrap();
-    exchange(&mut app, &mut served);
-    (app, served)
 }
 
 /// A captured connection from `pod` that the proxy resets at once: no byte comes back.
@@ -340,10 +324,14 @@ fn connections_over_a_listeners_or_the_nodes_limit_are_reset_and_others_go_on() 
     node.add(&quiet).0.ok();
 
     // One pod takes its listener's whole share; its next connection is reset.
-    let mut flooding: Vec<_> = (0..3).map(|_| held(&flood, &server)).collect();
+    let mut flooding: Vec<_> = (0..3)
+        .map(|_| held(&flood, addr("10.96.0.10:80"), &server))
+        .collect();
     assert_reset(&flood);
     // Another pod's connections are served, up to what the node has left.
-    let quiet_held: Vec<_> = (0..2).map(|_| held(&quiet, &server)).collect();
+    let quiet_held: Vec<_> = (0..2)
+        .map(|_| held(&quiet, addr("10.96.0.10:80"), &server))
+        .collect();
     assert_reset(&quiet);
     let counts = proxy.counts_reach(|c| c.failed == 2);
     assert_eq!((counts.accepted, counts.failed), (7, 2));
@@ -369,7 +357,7 @@ fn connections_over_a_listeners_or_the_nodes_limit_are_reset_and_others_go_on() 
 }
 
 /// A connection accepted within a moment, or `None`.
-fn accept_within_quickly(server: &TcpListener) -> Option<std::net::TcpStream> {
+fn accept_within_quickly(server: &TcpListener) -> Option<TcpStream> {
     let deadline = Instant::now() + Duration::from_millis(300);
     while Instant::now() < deadline {
         if let Ok((stream, _)) = server.accept() {
