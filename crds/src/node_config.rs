@@ -56,7 +56,8 @@ pub struct NodeConfigSpec {
     #[serde(default)]
     pub table_count: i32,
 
-    /// The SPIFFE identities each backend Service may present.
+    /// The SPIFFE identities each backend Service may present, and which of its endpoints
+    /// take mTLS.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<ServiceIdentities>,
 }
@@ -78,6 +79,10 @@ pub struct ServiceIdentities {
     pub service: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<String>,
+    /// The pod addresses of the Service's endpoints that have aether's inbound listener (their
+    /// node's proxy captures them): these get mTLS, every other endpoint a plain connection.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub meshed_addresses: Vec<String>,
 }
 
 /// Reported by the node's proxy.

@@ -12,7 +12,7 @@ use aether_crds::{NodeConfig, RouteTarget};
 use futures::StreamExt;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodSpec, PodStatus, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
@@ -95,7 +95,11 @@ impl Reduce for Pod {
             host_network: spec.host_network,
             ..Default::default()
         });
-        self.status = None;
+        // The addresses only: conditions change with every probe.
+        self.status = self.status.take().map(|status| PodStatus {
+            pod_ips: status.pod_ips,
+            ..Default::default()
+        });
     }
 
     fn same(&self, other: &Self) -> bool {
@@ -333,6 +337,7 @@ impl Stores {
                 Kind::NodeConfig => {
                     index.node_configs.clear();
                     index.node_demand.clear();
+                    index.node_captured.clear();
                     self.node_configs
                         .state()
                         .iter()

@@ -37,6 +37,8 @@ pub struct PodData {
     /// Route targets named by `aether.io/depends-on`.
     pub depends_on: Vec<Key>,
     pub terminating: bool,
+    /// `status.podIPs`.
+    pub ips: Vec<String>,
 }
 
 /// A RouteTarget object as it exists.
@@ -63,11 +65,15 @@ pub struct Index {
     pub managed_namespaces: BTreeSet<String>,
     /// Ready endpoint addresses per Service.
     pub ready_endpoints: BTreeMap<Key, usize>,
+    /// Every endpoint address of each Service, ready or not.
+    pub endpoint_addresses: BTreeMap<Key, BTreeSet<String>>,
     /// Node name -> the config generation its proxy reports as applied, and the
     /// generation of the object.
     pub node_configs: BTreeMap<String, (Option<i64>, Option<i64>)>,
     /// Node name -> route targets its proxy asked for (cold path, `status.demand`).
     pub node_demand: BTreeMap<String, BTreeSet<Key>>,
+    /// Node name -> the pods its proxy reports capturing (`status.capturedPods`).
+    pub node_captured: BTreeMap<String, BTreeSet<Key>>,
     pub nodes: BTreeSet<String>,
 }
 
@@ -115,6 +121,7 @@ impl Index {
 
     pub fn clear_endpoints(&mut self, namespace: Option<&str>) {
         clear_namespace(&mut self.ready_endpoints, |k| &k.0, namespace);
+        clear_namespace(&mut self.endpoint_addresses, |k| &k.0, namespace);
     }
 
     pub fn add_service(&mut self, service: &Service) {
@@ -248,6 +255,12 @@ impl Index {
             meshed: self.managed_namespaces.contains(&namespace) && !opted_out && !host_network,
             depends_on,
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            ips: pod
+                .status
+                .iter()
+                .flat_map(|s| s.pod_ips.iter().flatten())
+                .map(|ip| ip.ip.clone())
+                .collect(),
         };
         self.pods.insert((namespace, name), data);
     }
@@ -273,6 +286,16 @@ impl Index {
             .ready_endpoints
             .entry(key(&namespace, service))
             .or_default() += ready;
+        self.endpoint_addresses
+            .entry(key(&namespace, service))
+            .or_default()
+            .extend(
+                slice
+                    .endpoints
+                    .iter()
+                    .flatten()
+                    .flat_map(|e| e.addresses.iter().cloned()),
+            );
     }
 
     pub fn add_node_config(&mut self, config: &NodeConfig) {
@@ -287,6 +310,16 @@ impl Index {
             .collect();
         if !demand.is_empty() {
             self.node_demand.insert(name.clone(), demand);
+        }
+        let captured: BTreeSet<Key> = config
+            .status
+            .iter()
+            .flat_map(|s| &s.captured_pods)
+            .filter_map(|pod| pod.split_once('/'))
+            .map(|(ns, pod)| key(ns, pod))
+            .collect();
+        if !captured.is_empty() {
+            self.node_captured.insert(name.clone(), captured);
         }
         self.node_configs
             .insert(name, (applied, config.metadata.generation));
@@ -323,6 +356,37 @@ impl Index {
             })
             .collect();
         ids.into_iter().collect()
+    }
+
+    /// The addresses of the pods that have aether's inbound listener: meshed pods that their
+    /// own node's proxy reports capturing. A proxy is believed about the pods of its node
+    /// only, so one stolen proxy token cannot make callers send mTLS to pods elsewhere that
+    /// would refuse it.
+    pub fn meshed_pod_addresses(&self) -> BTreeSet<String> {
+        self.pods
+            .iter()
+            .filter(|(pod_key, pod)| {
+                pod.meshed
+                    && pod.node.as_ref().is_some_and(|node| {
+                        self.node_captured
+                            .get(node)
+                            .is_some_and(|captured| captured.contains(*pod_key))
+                    })
+            })
+            .flat_map(|(_, pod)| pod.ips.iter().cloned())
+            .collect()
+    }
+
+    /// The endpoint addresses of a Service that take mTLS, sorted: whoever wrote its
+    /// EndpointSlices, an address of a meshed pod never gets plaintext.
+    pub fn meshed_endpoints(&self, service: &Key, meshed: &BTreeSet<String>) -> Vec<String> {
+        self.endpoint_addresses
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter(|address| meshed.contains(*address))
+            .cloned()
+            .collect()
     }
 }
 

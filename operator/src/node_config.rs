@@ -109,11 +109,12 @@ pub struct Clients {
     pub depends_on: BTreeSet<Key>,
 }
 
-/// What every node's config is cut from, computed once per pass: identities, each
-/// target's serialised table, and each node's clients.
+/// What every node's config is cut from, computed once per pass: identities and meshed
+/// endpoints, each target's serialised table, and each node's clients.
 pub struct Shared {
     pub capture: Vec<String>,
     pub identities: BTreeMap<Key, Vec<String>>,
+    pub meshed: BTreeMap<Key, Vec<String>>,
     pub tables: BTreeMap<Key, serde_json::Value>,
     pub clients: BTreeMap<String, Clients>,
 }
@@ -137,6 +138,15 @@ impl Shared {
         Shared {
             capture: capture_set(index, targets),
             identities: identity_map(index, targets, trust_domain),
+            meshed: {
+                let meshed = index.meshed_pod_addresses();
+                routed_services(targets)
+                    .map(|k| {
+                        let addresses = index.meshed_endpoints(&k, &meshed);
+                        (k, addresses)
+                    })
+                    .collect()
+            },
             tables: targets
                 .iter()
                 .map(|(k, t)| {
@@ -167,15 +177,19 @@ pub fn identity_map(
     targets: &BTreeMap<Key, Target>,
     trust_domain: &str,
 ) -> BTreeMap<Key, Vec<String>> {
-    let mut services: BTreeSet<Key> = targets.keys().cloned().collect();
-    services.extend(targets.values().flat_map(|t| backends(&t.compiled.table)));
-    services
-        .into_iter()
+    routed_services(targets)
         .map(|k| {
             let ids = index.identities(trust_domain, &k);
             (k, ids)
         })
         .collect()
+}
+
+/// Every route target and every backend of one.
+fn routed_services(targets: &BTreeMap<Key, Target>) -> impl Iterator<Item = Key> {
+    let mut services: BTreeSet<Key> = targets.keys().cloned().collect();
+    services.extend(targets.values().flat_map(|t| backends(&t.compiled.table)));
+    services.into_iter()
 }
 
 pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared) -> NodeConfigSpec {
@@ -218,9 +232,13 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
     let identities = services
         .into_iter()
         .filter_map(|k| {
-            let ids = identities.get(&k).filter(|ids| !ids.is_empty())?.clone();
-            Some(ServiceIdentities {
+            let ids = identities.get(&k).cloned().unwrap_or_default();
+            let meshed = shared.meshed.get(&k).cloned().unwrap_or_default();
+            // A meshed endpoint of a Service that selects no pod (endpoints written by hand)
+            // still takes mTLS, and is refused for an identity outside the empty set.
+            (!ids.is_empty() || !meshed.is_empty()).then_some(ServiceIdentities {
                 identities: ids,
+                meshed_addresses: meshed,
                 namespace: k.0,
                 service: k.1,
             })

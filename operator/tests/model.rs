@@ -12,6 +12,7 @@ use aether_operator::status::{Required, merge_parents, route_parents, route_targ
 use aether_operator::targets::compile_all;
 use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -370,4 +371,100 @@ fn consumer_routes_and_the_proxys_demand_widen_a_nodes_scope() {
     .unwrap();
     index.add_node_config(&config);
     assert_eq!(tables(&index), ["mesh/echo", "mesh/v1"]);
+}
+
+#[test]
+fn only_endpoints_whose_own_nodes_proxy_captures_them_take_mtls() {
+    let mut index = index();
+    let with_ip = |mut pod: Pod, ip: &str| {
+        pod.status = Some(serde_json::from_value(json!({"podIPs": [{"ip": ip}]})).unwrap());
+        pod
+    };
+    let v1 = json!({"app": "echo", "version": "v1"});
+    index.add_pod(&with_ip(
+        pod(MESH, "v1-a", "node-1", "sa-v1", v1.clone(), json!({})),
+        "10.244.1.5",
+    ));
+    // Opted out: no inbound listener, whatever a proxy says.
+    index.add_pod(&with_ip(
+        pod(
+            MESH,
+            "v1-b",
+            "node-1",
+            "sa-v1",
+            v1,
+            json!({"aether.io/capture": "disabled"}),
+        ),
+        "10.244.1.6",
+    ));
+    index.add_pod(&with_ip(
+        pod(
+            MESH,
+            "v2-a",
+            "node-2",
+            "sa-v2",
+            json!({"app": "echo", "version": "v2"}),
+            json!({}),
+        ),
+        "10.244.2.5",
+    ));
+    let slice = |service: &str, name: &str, addresses: &[&str]| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": MESH, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "endpoints": addresses.iter().map(|a| json!({"addresses": [a]})).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    };
+    index.add_endpoint_slice(&slice(
+        "echo",
+        "echo-1",
+        &["10.244.1.5", "10.244.1.6", "10.244.2.5"],
+    ));
+    index.add_endpoint_slice(&slice("v1", "v1-1", &["10.244.1.5", "10.244.1.6"]));
+    // Written by hand: v2's pod behind v1. It is a meshed pod, so never plaintext.
+    index.add_endpoint_slice(&slice("v1", "v1-extra", &["10.244.2.5"]));
+    index.add_endpoint_slice(&slice("v2", "v2-1", &["10.244.2.5"]));
+    // node-1's proxy claims node-2's pod too; node-2's proxy has not reported it yet.
+    let config: NodeConfig = serde_json::from_value(json!({
+        "metadata": {"name": "node-1", "generation": 3},
+        "spec": {},
+        "status": {"appliedGeneration": 3, "capturedPods": ["mesh/v1-a", "mesh/v1-b", "mesh/v2-a", "malformed"]},
+    }))
+    .unwrap();
+    index.add_node_config(&config);
+    let targets = compile_all(&index);
+    let meshed = |index: &Index| -> Vec<(String, Vec<String>)> {
+        node_config("node-1", &targets, &Shared::new(index, &targets, TD))
+            .identities
+            .into_iter()
+            .map(|s| (s.service, s.meshed_addresses))
+            .collect()
+    };
+    let ips = |s: &[&str]| s.iter().map(|ip| ip.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        meshed(&index),
+        [
+            ("echo".into(), ips(&["10.244.1.5"])),
+            ("v1".into(), ips(&["10.244.1.5"])),
+            ("v2".into(), vec![]),
+        ]
+    );
+
+    let config: NodeConfig = serde_json::from_value(json!({
+        "metadata": {"name": "node-2", "generation": 3},
+        "spec": {},
+        "status": {"capturedPods": ["mesh/v2-a"]},
+    }))
+    .unwrap();
+    index.add_node_config(&config);
+    let both = ips(&["10.244.1.5", "10.244.2.5"]);
+    assert_eq!(
+        meshed(&index),
+        [
+            ("echo".into(), both.clone()),
+            ("v1".into(), both),
+            ("v2".into(), ips(&["10.244.2.5"])),
+        ]
+    );
 }

@@ -23,6 +23,7 @@ use tracing::{debug, error, info, warn};
 use crate::capture_set::CaptureSet;
 use crate::dataplane::{DataPlane, ForwardCounts};
 use crate::listeners::{ConnectionLimits, Listeners, PodInfo, Role, capture_addrs, inbound_addr};
+use crate::netns;
 use crate::pod_view::{self, PodView};
 use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
 
@@ -65,6 +66,9 @@ pub struct Agent {
     view: Arc<dyn PodView>,
     plane: Arc<DataPlane>,
     state: Mutex<State>,
+    /// Woken when the plugin registers or unregisters a pod: callers on other nodes learn
+    /// from the node's report whether a pod takes mTLS, so it goes out before the pod serves.
+    pub registrations: tokio::sync::Notify,
 }
 
 struct State {
@@ -127,6 +131,7 @@ impl Agent {
             state_dir: config.state_dir,
             view,
             plane,
+            registrations: tokio::sync::Notify::new(),
             state: Mutex::new(State {
                 registry,
                 capture: capture.clone(),
@@ -241,20 +246,28 @@ impl Agent {
                 netns,
                 ips,
                 generation,
-            } => self.register(RegisteredPod {
-                strict_inbound_port: self.strict_port(&pod),
-                pod,
-                container_id,
-                ifname,
-                netns,
-                ips,
-                capture_port: self.capture_port,
-                generation,
-            }),
+            } => {
+                let response = self.register(RegisteredPod {
+                    strict_inbound_port: self.strict_port(&pod),
+                    pod,
+                    container_id,
+                    ifname,
+                    netns,
+                    ips,
+                    capture_port: self.capture_port,
+                    generation,
+                });
+                self.registrations.notify_one();
+                response
+            }
             Request::Unregister {
                 container_id,
                 ifname,
-            } => self.unregister(&container_id, &ifname),
+            } => {
+                let response = self.unregister(&container_id, &ifname);
+                self.registrations.notify_one();
+                response
+            }
             Request::Check { pod, container_id } => self.check(&pod, &container_id),
             Request::Gc {
                 valid_container_ids,
@@ -282,6 +295,13 @@ impl Agent {
     }
 
     fn register(&self, mut pod: RegisteredPod) -> Response {
+        if let Err(why) = self.verify_netns(&pod) {
+            warn!(pod = %pod.pod, netns = %pod.netns.display(), reason = %why, "refused a registration");
+            return error_reply(
+                ErrorKind::BadRequest,
+                format!("refusing to register pod {}: {why}", pod.pod),
+            );
+        }
         let mut state = self.lock();
         let State {
             registry,
@@ -329,6 +349,30 @@ impl Agent {
         info!(pod = %pod.pod, container_id = %id, netns = %pod.netns.display(),
             generation = pod.generation, "registered a pod");
         Response::Registered
+    }
+
+    /// A registration's network namespace is the pod's: it holds every address registered for
+    /// the pod, and, once the API server has the pod's addresses, one of them. Otherwise the
+    /// proxy would serve another namespace's connections with the pod's identity.
+    fn verify_netns(&self, pod: &RegisteredPod) -> Result<(), String> {
+        let held = netns::addresses_in(&pod.netns).map_err(|e| e.to_string())?;
+        let missing: Vec<&IpAddr> = pod.ips.iter().filter(|ip| !held.contains(ip)).collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "network namespace {} does not hold {missing:?} (it holds {held:?})",
+                pod.netns.display()
+            ));
+        }
+        if let Ok(known) = self.view.pod_ips(&pod.pod)
+            && !known.is_empty()
+            && !known.iter().any(|ip| pod.ips.contains(ip))
+        {
+            return Err(format!(
+                "the API server gives the pod the addresses {known:?}, not {:?}",
+                pod.ips
+            ));
+        }
+        Ok(())
     }
 
     fn unregister(&self, container_id: &str, ifname: &str) -> Response {

@@ -175,7 +175,6 @@ impl ClusterView {
         let config = self.node_configs.get(&ObjectRef::new(&self.node));
         let services = self.services.state();
         let slices = self.slices.state();
-        let namespaces = self.namespaces.state();
         Snapshot::build(
             &Inputs {
                 node_config: config
@@ -183,7 +182,6 @@ impl ClusterView {
                     .map(|c| (c.metadata.generation.unwrap_or_default(), &c.spec)),
                 services: &services,
                 slices: &slices,
-                namespaces: &namespaces,
             },
             previous,
         )
@@ -243,6 +241,17 @@ impl ClusterView {
     }
 }
 
+/// `status.podIPs`.
+fn ips_of(pod: &Pod) -> Vec<IpAddr> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.ip.parse().ok())
+        .collect()
+}
+
 fn is_host_network(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
@@ -287,6 +296,16 @@ impl PodView for ClusterView {
             .ok_or_else(|| ViewError::UnknownPod(pod.clone()))?;
         Ok(found.annotations().clone())
     }
+
+    fn pod_ips(&self, pod: &PodRef) -> Result<Vec<IpAddr>, ViewError> {
+        if !self.is_synced() {
+            return Err(ViewError::NotReady("the watch caches are filling".into()));
+        }
+        let found = self
+            .pod(pod)
+            .ok_or_else(|| ViewError::UnknownPod(pod.clone()))?;
+        Ok(ips_of(&found))
+    }
 }
 
 impl Workloads for ClusterView {
@@ -329,14 +348,7 @@ impl ClusterView {
                         name: pod.name_any(),
                         uid: pod.metadata.uid.clone(),
                     };
-                    let ips: Vec<IpAddr> = pod
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.pod_ips.as_ref())
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|ip| ip.ip.parse().ok())
-                        .collect();
+                    let ips = ips_of(pod);
                     let running = !is_host_network(pod)
                         && !is_finished(pod)
                         && pod.metadata.deletion_timestamp.is_none()
@@ -663,6 +675,7 @@ pub async fn apply_changes(
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             _ = view.changed.notified() => {}
+            _ = agent.registrations.notified() => {}
             _ = tokio::time::sleep_until(due) => {}
             _ = stop.changed() => return,
         }

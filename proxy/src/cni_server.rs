@@ -4,6 +4,11 @@
 //! `read_frame` and `handle_frame`: the agent answers synchronously anyway (nftables, setns
 //! threads), a plugin's connection lasts milliseconds, and socket timeouts bound every read and
 //! write. So framing, limits and the answer to a bad frame are exactly the protocol module's.
+//!
+//! Only root may register pods: the socket is mode 0600, and a peer whose credentials
+//! (`SO_PEERCRED`) are not uid 0 (e.g. root of a user namespace, or a process let in by a
+//! loosened mode) is answered with an error and dropped before it takes a thread. At most
+//! [`MAX_CONNECTIONS`] are served at once, each for at most [`CONNECTION_DEADLINE`].
 
 use std::future::Future;
 use std::io::{self, BufReader, Write};
@@ -24,6 +29,12 @@ use crate::agent::Agent;
 /// Bounds each read and write on a connection: a plugin that stops talking is dropped (the
 /// plugin itself gives up on the proxy after 2 s).
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the socket's backlog. Pod setups on one node are
+/// a handful at a time.
+pub const MAX_CONNECTIONS: usize = 16;
+/// How long one connection may last, however slowly it talks: the plugin's own calls take
+/// milliseconds.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -89,20 +100,56 @@ pub fn bind(path: &Path) -> Result<CniSocket, ServerError> {
 /// plugin sees at once that the proxy is gone. Connections being served finish on their own.
 pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<Output = ()>) {
     info!(socket = %socket.path.display(), "serving the CNI plugin");
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
+        let slot = tokio::select! {
             () = &mut shutdown => break,
-            accepted = socket.listener.accept() => match accepted.and_then(|(s, _)| s.into_std()) {
-                Ok(stream) => {
-                    let agent = agent.clone();
-                    tokio::task::spawn_blocking(move || serve_connection(stream, &agent));
-                }
-                Err(error) => {
-                    warn!(%error, "accepting a CNI plugin connection failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                }
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
             },
+        };
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = socket.listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                warn!(%error, "accepting a CNI plugin connection failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let peer = match stream.peer_cred() {
+            Ok(cred) if cred.uid() == 0 => None,
+            Ok(cred) => Some(format!(
+                "only root may talk to the aether CNI socket; peer uid {} (pid {:?}) refused",
+                cred.uid(),
+                cred.pid()
+            )),
+            Err(error) => Some(format!("cannot read the peer's credentials: {error}")),
+        };
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                warn!(%error, "cannot set up a CNI plugin connection");
+                continue;
+            }
+        };
+        match peer {
+            None => {
+                let agent = agent.clone();
+                tokio::task::spawn_blocking(move || {
+                    serve_connection(stream, &agent);
+                    drop(slot);
+                });
+            }
+            Some(refusal) => {
+                warn!(reason = %refusal, "refused a CNI socket connection");
+                refuse(stream, &refusal);
+            }
         }
     }
     let ours =
@@ -110,6 +157,16 @@ pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<O
     if ours && let Err(error) = std::fs::remove_file(&socket.path) {
         warn!(socket = %socket.path.display(), %error, "cannot remove the CNI socket");
     }
+}
+
+/// Answers a connection that may not talk to the proxy with an error, without reading it. The
+/// socket is non-blocking: a peer that does not read loses the answer, not a thread.
+fn refuse(mut stream: UnixStream, why: &str) {
+    let reply = encode_response(&Response::Error(ErrorReply {
+        kind: ErrorKind::BadRequest,
+        message: why.to_owned(),
+    }));
+    let _ = stream.write_all(&reply);
 }
 
 /// Request/response pairs until the plugin closes the connection. A frame that does not decode
@@ -128,8 +185,19 @@ fn serve_connection(stream: UnixStream, agent: &Agent) {
             return;
         }
     };
+    let deadline = std::time::Instant::now() + CONNECTION_DEADLINE;
     let mut reader = BufReader::new(stream);
     loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero()
+            || reader
+                .get_ref()
+                .set_read_timeout(Some(left.min(IO_TIMEOUT)))
+                .is_err()
+        {
+            debug!("closing a CNI plugin connection at its deadline");
+            return;
+        }
         let reply = match read_frame(&mut reader) {
             Ok(Some(frame)) => handle_frame(&frame, |request| agent.handle(request)),
             Ok(None) => return,

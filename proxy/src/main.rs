@@ -170,6 +170,10 @@ impl PodView for NoClusterView {
     fn pod_annotations(&self, _: &PodRef) -> Result<Labels, ViewError> {
         Err(NoClusterView::error())
     }
+
+    fn pod_ips(&self, _: &PodRef) -> Result<Vec<std::net::IpAddr>, ViewError> {
+        Err(NoClusterView::error())
+    }
 }
 
 fn main() -> ExitCode {

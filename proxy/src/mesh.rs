@@ -7,9 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use aether_crds::node_config::NodeConfigSpec;
-use aether_crds::well_known::MANAGED_LABEL;
 use aether_routing::{RouteTable, Router};
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tracing::warn;
 
@@ -55,7 +54,7 @@ pub struct Target {
 pub struct Endpoint {
     /// Pod IP and target port.
     pub addr: SocketAddr,
-    /// The pod's namespace is managed: the pod has an inbound mTLS listener.
+    /// The pod has aether's inbound listener (its node's proxy captures it): mTLS, else plain.
     pub meshed: bool,
 }
 
@@ -75,12 +74,13 @@ pub struct Snapshot {
     pub targets: HashMap<ServiceKey, Arc<Target>>,
     /// SPIFFE IDs each backend Service may present.
     pub identities: HashMap<ServiceKey, BTreeSet<String>>,
+    /// The endpoint addresses of each backend Service that take mTLS.
+    pub meshed: HashMap<ServiceKey, HashSet<IpAddr>>,
     pub services: HashMap<ServiceKey, ServiceEntry>,
     /// The target ports of every EndpointSlice address, with the slice's namespace: the ports
     /// a pod serves are those its own namespace's Services send to (a slice of another
     /// namespace naming the pod proves nothing, anyone may write one).
     pub served: HashMap<IpAddr, Vec<(String, u16)>>,
-    pub managed_namespaces: HashSet<String>,
     /// Tables that did not load, with the reason (reported, never fatal).
     pub errors: Vec<String>,
 }
@@ -90,30 +90,15 @@ pub struct Inputs<'a> {
     pub node_config: Option<(i64, &'a NodeConfigSpec)>,
     pub services: &'a [Arc<Service>],
     pub slices: &'a [Arc<EndpointSlice>],
-    pub namespaces: &'a [Arc<Namespace>],
 }
 
 impl Snapshot {
     /// Builds a snapshot, reusing `previous`'s compiled tables and capture generation where
     /// nothing changed.
     pub fn build(inputs: &Inputs<'_>, previous: &Snapshot) -> Snapshot {
-        let managed_namespaces: HashSet<String> = inputs
-            .namespaces
-            .iter()
-            .filter(|ns| {
-                ns.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(MANAGED_LABEL))
-                    .is_some_and(|v| v == "true")
-            })
-            .filter_map(|ns| ns.metadata.name.clone())
-            .collect();
         let mut snapshot = Snapshot {
             generation: inputs.node_config.map(|(g, _)| g),
-            services: services(inputs, &managed_namespaces),
             served: served(inputs.slices),
-            managed_namespaces,
             ..Snapshot::default()
         };
         // No NodeConfig (deleted, or not written yet while the operator is down) is not an
@@ -124,6 +109,8 @@ impl Snapshot {
             snapshot.captured = previous.captured.clone();
             snapshot.targets = previous.targets.clone();
             snapshot.identities = previous.identities.clone();
+            snapshot.meshed = previous.meshed.clone();
+            snapshot.services = services(inputs, &snapshot.meshed);
             return snapshot;
         };
         let by_address = service_addresses(inputs.services);
@@ -184,11 +171,23 @@ impl Snapshot {
             }
         }
         for ids in &spec.identities {
-            snapshot.identities.insert(
-                ServiceKey::new(&ids.namespace, &ids.service),
-                ids.identities.iter().cloned().collect(),
-            );
+            let key = ServiceKey::new(&ids.namespace, &ids.service);
+            let meshed: HashSet<IpAddr> = ids
+                .meshed_addresses
+                .iter()
+                .filter_map(|ip| ip.parse().ok())
+                .collect();
+            if meshed.len() < ids.meshed_addresses.len() {
+                snapshot
+                    .errors
+                    .push(format!("a meshed address of {key} is not an IP"));
+            }
+            snapshot.meshed.insert(key.clone(), meshed);
+            snapshot
+                .identities
+                .insert(key, ids.identities.iter().cloned().collect());
         }
+        snapshot.services = services(inputs, &snapshot.meshed);
         snapshot
     }
 
@@ -271,7 +270,10 @@ impl Snapshot {
     }
 }
 
-fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKey, ServiceEntry> {
+fn services(
+    inputs: &Inputs<'_>,
+    meshed: &HashMap<ServiceKey, HashSet<IpAddr>>,
+) -> HashMap<ServiceKey, ServiceEntry> {
     let mut slices: HashMap<ServiceKey, Vec<&EndpointSlice>> = HashMap::new();
     for slice in inputs.slices {
         let (Some(ns), Some(service)) = (
@@ -298,7 +300,7 @@ fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKe
             continue;
         };
         let key = ServiceKey::new(ns, name);
-        let meshed = managed.contains(ns);
+        let meshed = meshed.get(&key);
         let mut entry = ServiceEntry::default();
         let ports = service.spec.as_ref().and_then(|s| s.ports.as_deref());
         for port in ports.unwrap_or_default() {
@@ -330,7 +332,7 @@ fn services(inputs: &Inputs<'_>, managed: &HashSet<String>) -> HashMap<ServiceKe
                         if let Ok(ip) = address.parse::<IpAddr>() {
                             endpoints.push(Endpoint {
                                 addr: SocketAddr::new(ip, target_port),
-                                meshed,
+                                meshed: meshed.is_some_and(|m| m.contains(&ip)),
                             });
                         }
                     }
@@ -380,17 +382,6 @@ mod tests {
         )
     }
 
-    fn namespace(name: &str, managed: bool) -> Arc<Namespace> {
-        let labels = if managed {
-            json!({MANAGED_LABEL: "true"})
-        } else {
-            json!({})
-        };
-        Arc::new(
-            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap(),
-        )
-    }
-
     fn spec() -> NodeConfigSpec {
         NodeConfigSpec {
             capture_addresses: vec![
@@ -417,6 +408,7 @@ mod tests {
                 namespace: "shop".into(),
                 service: "echo-v1".into(),
                 identities: vec!["spiffe://cluster.local/ns/shop/sa/v1".into()],
+                meshed_addresses: vec!["10.244.1.5".into(), "nonsense".into()],
             }],
         }
     }
@@ -438,7 +430,12 @@ mod tests {
                 "shop",
                 "echo-v1",
                 &[("http", 8080)],
-                &[("10.244.1.5", true), ("10.244.2.7", false)],
+                // 10.244.3.9 is an opted-out pod: no inbound listener.
+                &[
+                    ("10.244.1.5", true),
+                    ("10.244.2.7", false),
+                    ("10.244.3.9", true),
+                ],
             ),
             slice(
                 "shop",
@@ -447,21 +444,25 @@ mod tests {
                 &[("10.244.1.5", true)],
             ),
         ];
-        let namespaces = [namespace("shop", true), namespace("other", false)];
         let inputs = Inputs {
             node_config: Some((4, &spec)),
             services: &services,
             slices: &slices,
-            namespaces: &namespaces,
         };
         let snapshot = Snapshot::build(&inputs, &Snapshot::default());
         let v1 = ServiceKey::new("shop", "echo-v1");
         assert_eq!(
             snapshot.endpoints(&v1, 80),
-            [Endpoint {
-                addr: "10.244.1.5:8080".parse().unwrap(),
-                meshed: true
-            }]
+            [
+                Endpoint {
+                    addr: "10.244.1.5:8080".parse().unwrap(),
+                    meshed: true
+                },
+                Endpoint {
+                    addr: "10.244.3.9:8080".parse().unwrap(),
+                    meshed: false
+                }
+            ]
         );
         assert_eq!(snapshot.endpoints(&v1, 7070).len(), 1);
         assert!(snapshot.endpoints(&v1, 9999).is_empty());
@@ -481,7 +482,7 @@ mod tests {
                 .targets
                 .contains_key(&ServiceKey::new("shop", "echo"))
         );
-        assert_eq!(snapshot.errors.len(), 2, "{:?}", snapshot.errors);
+        assert_eq!(snapshot.errors.len(), 3, "{:?}", snapshot.errors);
         assert_eq!(snapshot.identities[&v1].len(), 1);
 
         // The same capture targets keep their generation (no pod table is rewritten) and an
@@ -513,6 +514,7 @@ mod tests {
         assert!(Arc::ptr_eq(&orphaned.targets[&key], &next.targets[&key]));
         assert_eq!(orphaned.identities, next.identities);
         assert!(orphaned.endpoints(&v1, 7070).is_empty());
+        assert!(orphaned.endpoints(&v1, 80)[0].meshed);
     }
 
     #[test]
@@ -531,7 +533,6 @@ mod tests {
             node_config: None,
             services: &[],
             slices: &slices,
-            namespaces: &[],
         };
         let snapshot = Snapshot::build(&inputs, &Snapshot::default());
         let pod: IpAddr = "10.0.0.5".parse().unwrap();

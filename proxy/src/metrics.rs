@@ -104,6 +104,7 @@ pub struct Metrics {
     drift: Family<DriftLabels, Counter>,
     enrolments: Family<EnrolmentLabels, Counter>,
     inbound_refused: Family<ReasonLabels, Counter>,
+    outbound_refused: Family<ReasonLabels, Counter>,
     over_limit: Family<LimitLabels, Counter>,
     pub captured_pods: Gauge,
     pub config_generation: Gauge,
@@ -127,6 +128,7 @@ impl Metrics {
         let drift = Family::<DriftLabels, Counter>::default();
         let enrolments = Family::<EnrolmentLabels, Counter>::default();
         let inbound_refused = Family::<ReasonLabels, Counter>::default();
+        let outbound_refused = Family::<ReasonLabels, Counter>::default();
         let over_limit = Family::<LimitLabels, Counter>::default();
         let captured_pods = Gauge::default();
         let config_generation = Gauge::default();
@@ -166,6 +168,11 @@ impl Metrics {
             inbound_refused.clone(),
         );
         registry.register(
+            "outbound_refused",
+            "Captured connections to route targets refused rather than sent in plaintext, by reason (no_table: the node's config lacks the target's table; unknown_service: the Service is not in the proxy's watch yet)",
+            outbound_refused.clone(),
+        );
+        registry.register(
             "connections_over_limit",
             "Connections reset on accept because a listener or the node holds its most, by listener and limit",
             over_limit.clone(),
@@ -190,6 +197,7 @@ impl Metrics {
             drift,
             enrolments,
             inbound_refused,
+            outbound_refused,
             over_limit,
             captured_pods,
             config_generation,
@@ -230,6 +238,12 @@ impl Metrics {
 
     pub fn inbound_refused(&self, reason: &'static str) {
         self.inbound_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn outbound_refused(&self, reason: &'static str) {
+        self.outbound_refused
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }

@@ -95,6 +95,14 @@ pub fn host_addresses() -> io::Result<Vec<std::net::IpAddr>> {
     interface_addresses()
 }
 
+/// The addresses of the network namespace at `netns`, loopback excluded.
+pub fn addresses_in(netns: &Path) -> Result<Vec<std::net::IpAddr>, NetnsError> {
+    in_netns(netns, interface_addresses)?.map_err(|source| NetnsError::Enter {
+        path: netns.to_owned(),
+        source,
+    })
+}
+
 /// The network namespace under `dir` (the runtime's, `/var/run/netns`) that holds each of
 /// `wanted`'s addresses: how the proxy finds the namespace of a pod that started before it
 /// could register it (the pod's IP is in its status; the runtime named the namespace).

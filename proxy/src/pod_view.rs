@@ -3,6 +3,7 @@
 //! or no view at all.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use aether_cni::decision::{self, Meshing};
 use aether_cni::protocol::PodRef;
@@ -13,6 +14,9 @@ pub type Labels = BTreeMap<String, String>;
 pub trait PodView: Send + Sync {
     fn namespace_labels(&self, namespace: &str) -> Result<Labels, ViewError>;
     fn pod_annotations(&self, pod: &PodRef) -> Result<Labels, ViewError>;
+    /// The pod's addresses as the API server has them (`status.podIPs`; none before its
+    /// sandbox is set up).
+    fn pod_ips(&self, pod: &PodRef) -> Result<Vec<IpAddr>, ViewError>;
 }
 
 /// The view cannot answer (yet). The CNI plugin is told "not ready" and decides from the API
@@ -72,6 +76,10 @@ mod tests {
                 "unknown" => Err(ViewError::UnknownPod(pod.clone())),
                 _ => Ok(Labels::new()),
             }
+        }
+
+        fn pod_ips(&self, pod: &PodRef) -> Result<Vec<IpAddr>, ViewError> {
+            Err(ViewError::UnknownPod(pod.clone()))
         }
     }
 

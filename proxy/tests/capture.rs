@@ -493,7 +493,7 @@ fn a_registration_into_a_missing_netns_is_refused_clearly() {
         .to_string();
     assert!(
         error.contains(
-            "cannot open the capture listeners of pod shop/web-0: network namespace /var/run/netns/aether-proxy-test-missing does not exist"
+            "refusing to register pod shop/web-0: network namespace /var/run/netns/aether-proxy-test-missing does not exist"
         ),
         "{error}"
     );
@@ -506,6 +506,110 @@ fn a_registration_into_a_missing_netns_is_refused_clearly() {
         .unwrap(),
         Response::Unregistered { known: false }
     );
+}
+
+/// A registration whose network namespace does not hold the addresses it names is refused: the
+/// proxy would otherwise serve that namespace's connections as the named pod.
+#[test]
+fn a_registration_of_addresses_its_netns_does_not_hold_is_refused() {
+    require_root();
+    let dir = TempDir::new();
+    let proxy = TestProxy::start(dir.path(), capture_set(1, &["10.96.0.10:80"]));
+    let node = Node::new(false, proxy.socket());
+    let pod = Pod::new("shop");
+    let prev = node.add_primary(&pod);
+    let held = pod_ips(&prev);
+    let mut conn = Client::new(proxy.socket(), DEFAULT_TIMEOUT)
+        .connect()
+        .unwrap();
+    let mut register = |ips: Vec<IpAddr>| {
+        conn.call(&Request::Register {
+            pod: PodRef {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: None,
+            },
+            container_id: pod.container_id.clone(),
+            ifname: "eth0".into(),
+            netns: pod.netns.path().to_owned(),
+            ips,
+            generation: 1,
+        })
+    };
+    let other: IpAddr = "10.244.250.9".parse().unwrap();
+    let error = register(vec![held[0], other]).unwrap_err().to_string();
+    assert!(
+        error.contains(&format!(
+            "refusing to register pod {}/{}: network namespace {} does not hold [{other}]",
+            pod.namespace,
+            pod.name,
+            pod.netns.path().display()
+        )),
+        "{error}"
+    );
+    assert!(proxy.registered_ids().is_empty());
+    assert!(refused_within(
+        pod.netns.path(),
+        SocketAddr::from(([127, 0, 0, 1], CAPTURE_PORT))
+    ));
+    assert_eq!(register(held).unwrap(), Response::Registered);
+}
+
+/// Only root may talk to the CNI socket, whatever its file mode says: a thread of this test
+/// drops to uid 65534 (the raw syscall changes that thread alone), connects to the socket made
+/// world-writable, and is answered with an error and dropped; root is still served.
+#[test]
+fn a_peer_that_is_not_root_is_refused_on_the_cni_socket() {
+    require_root();
+    let dir = TempDir::new();
+    let proxy = TestProxy::start(dir.path(), capture_set(1, &["10.96.0.10:80"]));
+    let socket = proxy.socket().to_owned();
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let answer = std::thread::spawn(move || {
+        // SAFETY: setresuid(2) with plain integers; only this thread's credentials change.
+        let dropped = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
+        assert_eq!(dropped, 0, "cannot drop to uid 65534");
+        Client::new(&socket, DEFAULT_TIMEOUT)
+            .connect()
+            .and_then(|mut conn| conn.call(&Request::Ping))
+            .map_err(|e| e.to_string())
+    })
+    .join()
+    .unwrap();
+    let error = answer.unwrap_err();
+    assert!(
+        error.contains("only root may talk to the aether CNI socket; peer uid 65534"),
+        "{error}"
+    );
+    let mut conn = Client::new(proxy.socket(), DEFAULT_TIMEOUT)
+        .connect()
+        .unwrap();
+    assert_eq!(conn.call(&Request::Ping).unwrap(), Response::Pong);
+}
+
+/// The CNI server serves a bounded number of connections at once, and connections that say
+/// nothing hold its slots only until their read timeout: a plugin arriving behind them waits,
+/// then is answered, not left waiting for ever.
+#[test]
+fn silent_connections_cannot_hold_the_cni_server() {
+    require_root();
+    let dir = TempDir::new();
+    let proxy = TestProxy::start(dir.path(), capture_set(1, &["10.96.0.10:80"]));
+    let silent: Vec<std::os::unix::net::UnixStream> = (0
+        ..aether_proxy::cni_server::MAX_CONNECTIONS)
+        .map(|_| std::os::unix::net::UnixStream::connect(proxy.socket()).unwrap())
+        .collect();
+    let hasty = Client::new(proxy.socket(), Duration::from_secs(1))
+        .connect()
+        .and_then(|mut conn| conn.call(&Request::Ping));
+    assert!(
+        hasty.is_err(),
+        "a connection beyond the bound was served at once: {hasty:?}"
+    );
+    let patient = aether_proxy::cni_server::IO_TIMEOUT + Duration::from_secs(5);
+    let mut conn = Client::new(proxy.socket(), patient).connect().unwrap();
+    assert_eq!(conn.call(&Request::Ping).unwrap(), Response::Pong);
+    drop(silent);
 }
 
 #[test]

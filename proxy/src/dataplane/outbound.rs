@@ -1,6 +1,8 @@
 //! Captured connections of local pods. A connection to a route target whose table this node
-//! holds is served as HTTP (1.1 or 2, detected per connection) and routed per request; any
-//! other captured connection passes through unchanged to its original destination.
+//! holds is served as HTTP (1.1 or 2, detected per connection) and routed per request. One to a
+//! route target the proxy cannot route yet (no table, Service not watched yet) waits briefly,
+//! then fails closed: its requests get 503, never a plaintext connection. Any other captured
+//! connection (an address no longer in the capture set) passes through to its destination.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -30,7 +32,7 @@ use crate::mesh::{ServiceKey, Snapshot};
 use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
 
-/// How long a connection to a target whose table is not on the node waits for it.
+/// How long a connection to a target whose table or Service is not on the node waits for it.
 const COLD_PATH_WAIT: Duration = Duration::from_secs(5);
 /// Largest request body copied for mirrors; a larger one is sent on without its mirrors.
 const MIRROR_BODY_LIMIT: usize = 1 << 20;
@@ -60,14 +62,11 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
             format!("connection to the capture listener {listener} itself"),
         );
     }
-    let routed = match &plane.mesh {
-        Some(mesh) => routed_target(mesh, original)
-            .await
-            .map(|target| (mesh.clone(), target)),
-        None => None,
+    let Some(mesh) = plane.mesh.clone() else {
+        return pass_through(&plane, stream, peer, &pod, original).await;
     };
-    match routed {
-        Some((mesh, target)) => {
+    match routed_target(&mesh, original).await {
+        Captured::Routed(target) => {
             plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             let conn = Connection {
                 clients: plane.clients(&pod.netns),
@@ -81,29 +80,87 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
             };
             serve_http(conn, stream).await;
         }
-        None => pass_through(&plane, stream, peer, &pod, original).await,
+        Captured::Unrouted => pass_through(&plane, stream, peer, &pod, original).await,
+        Captured::Refused { reason, message } => {
+            plane.stats.failed.fetch_add(1, Ordering::Relaxed);
+            mesh.metrics.outbound_refused(reason);
+            warn!(pod = %pod.pod, %peer, %original, reason, "{message}; refusing the connection rather than sending it in plaintext");
+            serve_refusal(stream, message).await;
+        }
     }
 }
 
-/// The route target a captured connection is for, when its table is here. A captured target
-/// without its table takes the cold path: the demand is reported, and the connection waits a
-/// little for the operator to add the table to this node's config.
-async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Option<ServiceKey> {
-    let snapshot = mesh.snapshot.load();
-    let key = snapshot.captured.get(&original)?.clone();
-    if snapshot.targets.contains_key(&key) {
-        return Some(key);
-    }
-    mesh.demand.want(&key);
+/// What becomes of a captured connection.
+enum Captured {
+    Routed(ServiceKey),
+    /// Not a route target (any more): passed through.
+    Unrouted,
+    /// A route target the proxy cannot route: fails closed.
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// The route target a captured connection is for, once its Service and table are here. A
+/// captured target without its table takes the cold path: the demand is reported, and the
+/// connection waits a little for the operator to add the table to this node's config.
+async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Captured {
     let deadline = tokio::time::Instant::now() + COLD_PATH_WAIT;
-    while tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if mesh.snapshot.load().targets.contains_key(&key) {
-            return Some(key);
+    let mut wanted = false;
+    loop {
+        let snapshot = mesh.snapshot.load();
+        match snapshot.captured.get(&original) {
+            Some(key) if snapshot.targets.contains_key(key) => {
+                return Captured::Routed(key.clone());
+            }
+            Some(key) if !wanted => {
+                mesh.demand.want(key);
+                wanted = true;
+            }
+            None if !snapshot.capture.targets.contains(&original) => return Captured::Unrouted,
+            _ => {}
         }
+        if tokio::time::Instant::now() >= deadline {
+            return match snapshot.captured.get(&original) {
+                Some(key) => Captured::Refused {
+                    reason: "no_table",
+                    message: format!("no route table for {key} on this node"),
+                },
+                None => Captured::Refused {
+                    reason: "unknown_service",
+                    message: format!("no Service for the route target address {original} yet"),
+                },
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    warn!(target = %key, "no route table for this target on the node yet; passing the connection through unrouted");
-    None
+}
+
+/// Answers every request of a refused connection with 503 and why.
+async fn serve_refusal(stream: TcpStream, message: String) {
+    let message: Arc<str> = message.into();
+    let service = hyper::service::service_fn(move |_: Request<Incoming>| {
+        let message = message.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                message.to_string(),
+            ))
+        }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(false);
+    if let Err(e) = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .await
+    {
+        debug!(error = %e, "refused captured connection ended with an error");
+    }
 }
 
 impl DataPlane {

@@ -37,6 +37,12 @@ impl PodView for FixedView {
     fn pod_annotations(&self, _: &PodRef) -> Result<Labels, ViewError> {
         Ok(Labels::new())
     }
+
+    /// Pods of these tests are not in any API server: only their network namespaces say
+    /// which addresses they hold.
+    fn pod_ips(&self, pod: &PodRef) -> Result<Vec<std::net::IpAddr>, ViewError> {
+        Err(ViewError::UnknownPod(pod.clone()))
+    }
 }
 
 pub fn capture_set(generation: u64, targets: &[&str]) -> CaptureSet {

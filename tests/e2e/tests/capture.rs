@@ -9,6 +9,8 @@
 //! - strict mTLS refuses plaintext into meshed pods, running ones and new ones;
 //! - with the operator stopped and a node's NodeConfig deleted, that node's pods keep their
 //!   capture set, also across a restart of its proxy;
+//! - a route target whose table the caller's node lacks, with the operator stopped, gets 503
+//!   rather than plaintext, and mTLS once the operator is back;
 //! - the proxies' DaemonSet deleted with `--cascade=orphan` and its proxies stopped is not an
 //!   uninstall: every pod stays captured, and a reinstall serves them again;
 //! - `helm uninstall` leaves no table in any pod and no aether-cni on any node, and pods
@@ -18,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use aether_crds::well_known::{AGENT_NOT_READY_TAINT, MTLS_LABEL, MTLS_STRICT};
 use aether_e2e::mesh::{
-    Accounts, CONSISTENCY_TIMEOUT, CONSUMER_NS, ECHO_IMAGE, MESH_NS, PROXY_PODS, client,
-    client_pod, install, mesh_workloads, uninstall, unmesh_workloads, wait_nodes_applied,
-    wait_pods,
+    Accounts, CONSISTENCY_TIMEOUT, CONSUMER_NS, ECHO_IMAGE, MESH_NS, PROXY_PODS, TRUST_DOMAIN,
+    client, client_pod, install, mesh_workloads, uninstall, unmesh_workloads, wait_accepted,
+    wait_nodes_applied, wait_pods,
 };
 use aether_e2e::stream::apply_split;
 use aether_e2e::{Cluster, is_ready, pod_ip};
+use aether_test_support::cases::RouteRef;
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -41,6 +44,7 @@ async fn capture_fails_closed_repairs_itself_is_strict_and_uninstalls_cleanly() 
     fails_closed_without_proxies(&cluster).await?;
     repairs_drift(&cluster).await?;
     missing_config_keeps_capture(&cluster).await?;
+    a_target_without_its_table_fails_closed(&cluster).await?;
     orphaned_proxies_keep_capture(&cluster).await?;
     strict_mode_refuses_plaintext(&cluster).await?;
     uninstall_leaves_nothing(&cluster).await?;
@@ -268,31 +272,7 @@ async fn missing_config_keeps_capture(cluster: &Cluster) -> Result<()> {
             pod.metadata.name
         );
     }
-    let replicas = cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "get",
-        "deployment/aether-operator",
-        "-o",
-        "jsonpath={.spec.replicas}",
-    ])?;
-    let scale = |replicas: &str| {
-        cluster.kubectl(&[
-            "-n",
-            "aether-system",
-            "scale",
-            "deployment/aether-operator",
-            &format!("--replicas={replicas}"),
-        ])
-    };
-    scale("0")?;
-    wait_pods(
-        cluster,
-        "aether-system",
-        "app.kubernetes.io/name=aether-operator",
-        0,
-    )
-    .await?;
+    let replicas = stop_operator(cluster).await?;
     cluster.kubectl(&["delete", "nodeconfig", &node, "--wait"])?;
     // The proxy sees the deletion within its debounce; give it ample time to (wrongly) act.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -312,14 +292,139 @@ async fn missing_config_keeps_capture(cluster: &Cluster) -> Result<()> {
             "{node}'s proxy restarted without a NodeConfig, pod table changed:\n{before}\n---\n{restarted}"
         );
     }
-    scale(replicas.trim())?;
-    cluster.rollout_status("aether-system", "deployment/aether-operator")?;
+    start_operator(cluster, &replicas)?;
     wait_nodes_applied(cluster).await?;
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
     wait_nodes_applied(cluster).await?;
     eprintln!(
         "a deleted NodeConfig with the operator stopped left {node}'s pods captured, across a proxy restart"
     );
+    Ok(())
+}
+
+/// Scales the operator to none and waits until none runs; gives back its replica count.
+async fn stop_operator(cluster: &Cluster) -> Result<String> {
+    let replicas = cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "deployment/aether-operator",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ])?;
+    cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "scale",
+        "deployment/aether-operator",
+        "--replicas=0",
+    ])?;
+    wait_pods(
+        cluster,
+        "aether-system",
+        "app.kubernetes.io/name=aether-operator",
+        0,
+    )
+    .await?;
+    Ok(replicas.trim().to_owned())
+}
+
+fn start_operator(cluster: &Cluster, replicas: &str) -> Result<()> {
+    cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "scale",
+        "deployment/aether-operator",
+        &format!("--replicas={replicas}"),
+    ])?;
+    cluster.rollout_status("aether-system", "deployment/aether-operator")
+}
+
+/// A route target whose table the caller's node lacks (its namespace has no pod there, and
+/// the operator that would add it on demand is stopped) fails closed: after the cold path's
+/// wait the request gets 503 from the caller's proxy, never a plaintext connection to the
+/// backend. With the operator back, the node's demand brings the table and the request goes
+/// through the mesh.
+async fn a_target_without_its_table_fails_closed(cluster: &Cluster) -> Result<()> {
+    const FAR: &str = "e2e-capture-far";
+    const NEAR: &str = "e2e-capture-near";
+    cluster.delete_namespaces(&[FAR, NEAR])?;
+    cluster.apply_text(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {FAR}, labels: {{aether.io/managed: \"true\"}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: far, namespace: {FAR}, labels: {{app: far}}}}\n\
+         spec:\n  nodeName: node-2\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\", args: [--port=8080]}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: far, namespace: {FAR}}}\n\
+         spec:\n  selector: {{app: far}}\n  ports: [{{name: http, port: 80, targetPort: 8080, appProtocol: http}}]\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: far, namespace: {FAR}}}\n\
+         spec:\n  parentRefs: [{{group: \"\", kind: Service, name: far, port: 80}}]\n\
+         \x20 rules: [{{backendRefs: [{{name: far, port: 80}}]}}]\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NEAR}, labels: {{aether.io/managed: \"true\"}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: caller, namespace: {NEAR}}}\n\
+         spec:\n  nodeName: node-1\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n"
+    ))?;
+    cluster.wait_ready(FAR, 1, Duration::from_secs(60)).await?;
+    let caller = cluster
+        .wait_ready(NEAR, 1, Duration::from_secs(60))
+        .await?
+        .remove(0);
+    wait_accepted(
+        cluster,
+        &[RouteRef {
+            kind: "HTTPRoute".into(),
+            name: "far".into(),
+            namespace: FAR.into(),
+            parent_ref: None,
+        }],
+    )
+    .await?;
+    wait_nodes_applied(cluster).await?;
+    let tables = cluster.kubectl(&[
+        "get",
+        "nodeconfig",
+        "node-1",
+        "-o",
+        "jsonpath={.spec.tables[*].namespace}",
+    ])?;
+    if tables.contains(FAR) {
+        bail!("node-1 already holds {FAR}'s table before any request: {tables}");
+    }
+    let replicas = stop_operator(cluster).await?;
+    let url = format!("http://far.{FAR}/");
+    let args = [url.clone(), "--timeout=20s".to_string()];
+    let refused = client(cluster, &caller, &args).await;
+    let status = refused
+        .as_ref()
+        .ok()
+        .and_then(|e| e.first())
+        .and_then(|e| e.status);
+    if status != Some(503) {
+        start_operator(cluster, &replicas)?;
+        bail!("a route target without its table on the node was not refused with 503: {refused:?}");
+    }
+    eprintln!("a route target without its table on the caller's node gets 503, not plaintext");
+    start_operator(cluster, &replicas)?;
+    let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{NEAR}/sa/default");
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let served = client(cluster, &caller, &args).await;
+        let meshed = served
+            .as_ref()
+            .ok()
+            .and_then(|e| e.first())
+            .is_some_and(|e| {
+                e.status == Some(200) && e.body.identity().as_deref() == Some(identity.as_str())
+            });
+        if meshed {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("with the operator back, {url} was not served through the mesh: {served:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    eprintln!("with the operator back, the node's demand brought the table and mTLS");
+    cluster.delete_namespaces(&[FAR, NEAR])?;
+    wait_nodes_applied(cluster).await?;
     Ok(())
 }
 
