@@ -19,6 +19,9 @@ pub mod reason {
     pub const UNSUPPORTED_SERVICE_TYPE: &str = "UnsupportedServiceType";
     /// Another hand-written RouteTarget for the same Service is in force (the oldest).
     pub const CONFLICTED: &str = "Conflicted";
+    /// Every port the parentRef names is declared non-HTTP: its bytes are never parsed, so
+    /// no HTTP or gRPC route applies to it.
+    pub const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
 
     // ResolvedRefs
     pub const RESOLVED_REFS: &str = "ResolvedRefs";

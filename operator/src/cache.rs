@@ -404,7 +404,8 @@ mod tests {
                 "annotations": {"aether.io/depends-on": "shop/echo", "kubectl.kubernetes.io/restartedAt": "now"},
                 "managedFields": [{"manager": "kubectl"}], "resourceVersion": "7"},
             "spec": {"nodeName": node, "serviceAccountName": "web", "containers": [{"name": "app", "image": "web"}]},
-            "status": {"phase": "Running"},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.244.1.5"}],
+                "conditions": [{"type": "Ready", "status": "True"}]},
         }));
         pod.reduce();
         pod
@@ -466,7 +467,9 @@ mod tests {
         assert_eq!(spec.node_name.as_deref(), Some("node-1"));
         assert_eq!(spec.service_account_name.as_deref(), Some("web"));
         assert!(spec.containers.is_empty());
-        assert!(pod.status.is_none());
+        let status = pod.status.as_ref().unwrap();
+        assert_eq!(status.pod_ips.as_ref().unwrap()[0].ip, "10.244.1.5");
+        assert!(status.phase.is_none() && status.conditions.is_none());
     }
 
     #[test]

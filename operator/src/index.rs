@@ -84,6 +84,15 @@ fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
     )
 }
 
+/// The `namespace/name` entries of a list a proxy reported; malformed ones are skipped.
+fn keys(reported: &[String]) -> BTreeSet<Key> {
+    reported
+        .iter()
+        .filter_map(|entry| entry.split_once('/'))
+        .map(|(ns, name)| key(ns, name))
+        .collect()
+}
+
 /// Removes the entries of one namespace (or all) from a map keyed by namespace first.
 fn clear_namespace<K: Ord, V>(
     map: &mut BTreeMap<K, V>,
@@ -300,29 +309,19 @@ impl Index {
 
     pub fn add_node_config(&mut self, config: &NodeConfig) {
         let name = config.metadata.name.clone().unwrap_or_default();
-        let applied = config.status.as_ref().and_then(|s| s.applied_generation);
-        let demand: BTreeSet<Key> = config
-            .status
-            .iter()
-            .flat_map(|s| &s.demand)
-            .filter_map(|target| target.split_once('/'))
-            .map(|(ns, svc)| key(ns, svc))
-            .collect();
+        let status = config.status.clone().unwrap_or_default();
+        let demand = keys(&status.demand);
         if !demand.is_empty() {
             self.node_demand.insert(name.clone(), demand);
         }
-        let captured: BTreeSet<Key> = config
-            .status
-            .iter()
-            .flat_map(|s| &s.captured_pods)
-            .filter_map(|pod| pod.split_once('/'))
-            .map(|(ns, pod)| key(ns, pod))
-            .collect();
+        let captured = keys(&status.captured_pods);
         if !captured.is_empty() {
             self.node_captured.insert(name.clone(), captured);
         }
-        self.node_configs
-            .insert(name, (applied, config.metadata.generation));
+        self.node_configs.insert(
+            name,
+            (status.applied_generation, config.metadata.generation),
+        );
     }
 
     pub fn add_node(&mut self, name: &str) {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use aether_cni::protocol::PodRef;
 use aether_crds::NodeConfig;
+use aether_crds::node_config::NodeConfigStatus;
 use aether_crds::well_known::AGENT_NOT_READY_TAINT;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -34,6 +35,7 @@ use crate::dataplane::{Demand, SnapshotCell, Workloads};
 use crate::enrol::{self, NodePod, Step};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::TrustStore;
+use crate::last_config::LastConfig;
 use crate::mesh::{Inputs, Snapshot};
 use crate::metrics::Metrics;
 use crate::pod_view::{Labels, PodView, ViewError};
@@ -71,6 +73,7 @@ pub struct ClusterView {
     daemonsets: Store<DaemonSet>,
     install: Install,
     node: String,
+    last_config: LastConfig,
     /// When this proxy's pod was created, once seen.
     pod_created: std::sync::OnceLock<Option<Time>>,
     synced: AtomicBool,
@@ -98,7 +101,12 @@ where
 
 impl ClusterView {
     /// Starts the watches.
-    pub fn start(client: &kube::Client, node: &str, install: Install) -> Arc<Self> {
+    pub fn start(
+        client: &kube::Client,
+        node: &str,
+        install: Install,
+        last_config: LastConfig,
+    ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let all = watcher::Config::default;
         let by_name =
@@ -133,6 +141,7 @@ impl ClusterView {
             ),
             install,
             node: node.to_owned(),
+            last_config,
             pod_created: std::sync::OnceLock::new(),
             synced: AtomicBool::new(false),
             changed,
@@ -173,18 +182,34 @@ impl ClusterView {
     /// Builds a snapshot of the current caches.
     pub fn snapshot(&self, previous: &Snapshot) -> Snapshot {
         let config = self.node_configs.get(&ObjectRef::new(&self.node));
+        // Without its NodeConfig the node serves from the last one it saw, across restarts.
+        let last = match &config {
+            Some(c) => {
+                self.last_config
+                    .remember(c.metadata.generation.unwrap_or_default(), &c.spec);
+                None
+            }
+            None => self.last_config.get(),
+        };
         let services = self.services.state();
         let slices = self.slices.state();
         Snapshot::build(
             &Inputs {
                 node_config: config
                     .as_ref()
-                    .map(|c| (c.metadata.generation.unwrap_or_default(), &c.spec)),
+                    .map(|c| (c.metadata.generation.unwrap_or_default(), &c.spec))
+                    .or_else(|| last.as_ref().map(|(g, spec)| (*g, spec.as_ref()))),
                 services: &services,
                 slices: &slices,
             },
             previous,
         )
+    }
+
+    /// What the node's NodeConfig status says now; `None` while there is no NodeConfig.
+    fn reported(&self) -> Option<NodeConfigStatus> {
+        let config = self.node_configs.get(&ObjectRef::new(&self.node))?;
+        Some(config.status.clone().unwrap_or_default())
     }
 
     pub fn trust_bundle(&self) -> Option<String> {
@@ -587,10 +612,8 @@ pub async fn apply_changes(
 ) {
     let mut enroller = Enroller::new(client.clone(), &view.node);
     let configs: Api<NodeConfig> = Api::all(client.clone());
-    let mut reported: Option<i64> = None;
     // The node takes new pods only once they get a real capture set: after the first config.
     let mut untainted = false;
-    let mut reported_pods: Option<Vec<String>> = None;
     loop {
         let previous = cell.load();
         let snapshot = Arc::new(view.snapshot(&previous));
@@ -633,14 +656,18 @@ pub async fn apply_changes(
         let mut names: Vec<String> = captured.iter().map(|p| p.pod.to_string()).collect();
         names.sort();
         names.dedup();
-        if reported_pods.as_ref() != Some(&names) {
-            let status = serde_json::json!({"status": {"capturedPods": names, "capturedPodCount": names.len()}});
-            match configs
-                .patch_status(&view.node, &PatchParams::default(), &Patch::Merge(&status))
+        // Reported against what the status says now, not what this loop last wrote: a
+        // NodeConfig written anew starts with an empty status. None while there is none.
+        let status = view.reported();
+        if let Some(status) = &status
+            && status.captured_pods != names
+        {
+            let patch = serde_json::json!({"status": {"capturedPods": names, "capturedPodCount": names.len()}});
+            if let Err(e) = configs
+                .patch_status(&view.node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => reported_pods = Some(names),
-                Err(e) => warn!(error = %e, "cannot report the node's captured pods"),
+                warn!(error = %e, "cannot report the node's captured pods");
             }
         }
         if generation.is_some() && applied && !untainted {
@@ -649,18 +676,16 @@ pub async fn apply_changes(
         }
         if let Some(generation) = generation
             && applied
-            && reported != Some(generation)
+            && let Some(status) = &status
+            && status.applied_generation != Some(generation)
         {
             metrics.config_generation.set(generation);
-            let status = serde_json::json!({"status": {"appliedGeneration": generation}});
+            let patch = serde_json::json!({"status": {"appliedGeneration": generation}});
             match configs
-                .patch_status(&view.node, &PatchParams::default(), &Patch::Merge(&status))
+                .patch_status(&view.node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => {
-                    info!(generation, "applied the node's config");
-                    reported = Some(generation);
-                }
+                Ok(_) => info!(generation, "applied the node's config"),
                 Err(e) => {
                     warn!(generation, error = %e, "cannot report the applied config generation")
                 }

@@ -35,6 +35,8 @@ pub const MAX_CONNECTIONS: usize = 16;
 /// How long one connection may last, however slowly it talks: the plugin's own calls take
 /// milliseconds.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a refused peer may take to send and to read.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -131,25 +133,23 @@ pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<O
             )),
             Err(error) => Some(format!("cannot read the peer's credentials: {error}")),
         };
-        let stream = match stream.into_std() {
-            Ok(stream) => stream,
-            Err(error) => {
-                warn!(%error, "cannot set up a CNI plugin connection");
-                continue;
-            }
-        };
-        match peer {
-            None => {
+        if let Some(refusal) = peer {
+            warn!(reason = %refusal, "refused a CNI socket connection");
+            tokio::spawn(async move {
+                refuse(stream, &refusal).await;
+                drop(slot);
+            });
+            continue;
+        }
+        match stream.into_std() {
+            Ok(stream) => {
                 let agent = agent.clone();
                 tokio::task::spawn_blocking(move || {
                     serve_connection(stream, &agent);
                     drop(slot);
                 });
             }
-            Some(refusal) => {
-                warn!(reason = %refusal, "refused a CNI socket connection");
-                refuse(stream, &refusal);
-            }
+            Err(error) => warn!(%error, "cannot set up a CNI plugin connection"),
         }
     }
     let ours =
@@ -159,14 +159,18 @@ pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<O
     }
 }
 
-/// Answers a connection that may not talk to the proxy with an error, without reading it. The
-/// socket is non-blocking: a peer that does not read loses the answer, not a thread.
-fn refuse(mut stream: UnixStream, why: &str) {
+/// Answers a connection that may not talk to the proxy with an error, on no thread of its own.
+/// What the peer sent first is read (and ignored), so that its request does not meet a closed
+/// socket before it can read the answer; a peer that stalls gets nothing after a second.
+async fn refuse(mut stream: tokio::net::UnixStream, why: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let reply = encode_response(&Response::Error(ErrorReply {
         kind: ErrorKind::BadRequest,
         message: why.to_owned(),
     }));
-    let _ = stream.write_all(&reply);
+    let mut request = [0u8; 512];
+    let _ = tokio::time::timeout(REFUSAL_WAIT, stream.read(&mut request)).await;
+    let _ = tokio::time::timeout(REFUSAL_WAIT, stream.write_all(&reply)).await;
 }
 
 /// Request/response pairs until the plugin closes the connection. A frame that does not decode

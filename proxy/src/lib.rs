@@ -7,6 +7,7 @@
 //! - [`pod_view`]: namespace labels and pod annotations, which decide whether a pod is meshed.
 //! - [`enrol`]: which running pods of the node to mesh or take out of the mesh, no restart.
 //! - [`capture_set`]: the route-target ClusterIP:ports every meshed pod's table captures.
+//! - [`last_config`]: the node's last NodeConfig, kept for a restart without it.
 //! - [`listeners`]: per-pod capture and inbound listeners.
 //! - [`netns`]: every `setns(2)`: sockets inside a pod's network namespace, `SO_ORIGINAL_DST`.
 //! - [`cni_kubeconfig`]: the token the CNI plugin falls back to when the proxy is down.
@@ -28,6 +29,7 @@ pub mod dataplane;
 pub mod enrol;
 pub mod fuzzing;
 pub mod identity;
+pub mod last_config;
 pub mod listeners;
 pub mod mesh;
 pub mod metrics;

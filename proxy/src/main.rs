@@ -17,6 +17,7 @@ use aether_proxy::cluster::{self, ClusterView};
 use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
 use aether_proxy::identity::svid::{self, CaClient};
 use aether_proxy::identity::tls::{Certs, TrustStore};
+use aether_proxy::last_config::LastConfig;
 use aether_proxy::listeners::ConnectionLimits;
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::Metrics;
@@ -350,6 +351,7 @@ async fn run(
                     uninstall_marker: args.uninstall_marker.clone(),
                     pod: args.pod_name.clone(),
                 },
+                LastConfig::load(&args.state_dir),
             );
             let _ = ready.send(Err("waiting for the watch caches".into()));
             view.wait_synced().await.map_err(anyhow::Error::msg)?;

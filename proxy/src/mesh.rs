@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use aether_crds::node_config::NodeConfigSpec;
-use aether_routing::{RouteTable, Router};
+use aether_routing::{PortProtocol, RouteTable, Router};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tracing::warn;
@@ -62,6 +62,8 @@ pub struct Endpoint {
 pub struct ServiceEntry {
     /// Ready endpoints per Service port number.
     pub ports: HashMap<u16, Vec<Endpoint>>,
+    /// What each Service port carries.
+    pub protocols: HashMap<u16, PortProtocol>,
 }
 
 #[derive(Debug, Default)]
@@ -262,6 +264,15 @@ fn served(slices: &[Arc<EndpointSlice>]) -> HashMap<IpAddr, Vec<(String, u16)>> 
 }
 
 impl Snapshot {
+    /// What `service`'s port `port` carries; a port the watch does not know is sniffed.
+    pub fn protocol(&self, service: &ServiceKey, port: u16) -> PortProtocol {
+        self.services
+            .get(service)
+            .and_then(|s| s.protocols.get(&port))
+            .copied()
+            .unwrap_or(PortProtocol::Detect)
+    }
+
     /// Whether a Service of `namespace` sends to `ip:port`.
     pub fn serves(&self, namespace: &str, ip: IpAddr, port: u16) -> bool {
         self.served
@@ -307,6 +318,10 @@ fn services(
             let Ok(number) = u16::try_from(port.port) else {
                 continue;
             };
+            entry.protocols.insert(
+                number,
+                PortProtocol::of(port.name.as_deref(), port.app_protocol.as_deref()),
+            );
             let port_name = port.name.as_deref().unwrap_or_default();
             let mut endpoints = Vec::new();
             for slice in slices.get(&key).into_iter().flatten() {
@@ -466,6 +481,8 @@ mod tests {
         );
         assert_eq!(snapshot.endpoints(&v1, 7070).len(), 1);
         assert!(snapshot.endpoints(&v1, 9999).is_empty());
+        assert_eq!(snapshot.protocol(&v1, 7070), PortProtocol::Http);
+        assert_eq!(snapshot.protocol(&v1, 9999), PortProtocol::Detect);
         assert_eq!(snapshot.capture.generation, 4);
         let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(

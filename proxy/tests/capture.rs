@@ -11,13 +11,38 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aether_cni::nft::{self, Families, Nft, TableSpec};
-use aether_cni::protocol::{Client, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response};
+use aether_cni::protocol::{
+    Client, ClientError, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response,
+};
 use aether_proxy::agent::LEAVE_LINGER;
 use aether_proxy::listeners::ConnectionLimits;
 use common::chain::{Node, pod_ips};
 use common::proxy::{CAPTURE_PORT, TestProxy, capture_set, refused_within};
 use common::sockets::{TIMEOUT, accept_within, connect_from, listen_in};
 use common::{Pod, TempDir, require_root};
+
+/// The plugin's `register` of `pod` with `ips`, as if its table held capture generation 1.
+fn registration(pod: &Pod, ips: Vec<IpAddr>) -> Request {
+    Request::Register {
+        pod: PodRef {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: None,
+        },
+        container_id: pod.container_id.clone(),
+        ifname: "eth0".into(),
+        netns: pod.netns.path().to_owned(),
+        ips,
+        generation: 1,
+    }
+}
+
+/// One `ping` on a new connection to the CNI socket.
+fn ping(socket: &Path, timeout: Duration) -> Result<Response, ClientError> {
+    Client::new(socket, timeout)
+        .connect()
+        .and_then(|mut conn| conn.call(&Request::Ping))
+}
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -397,18 +422,7 @@ fn a_registration_behind_the_capture_set_is_brought_up_to_date() {
     let mut conn = Client::new(proxy.socket(), DEFAULT_TIMEOUT)
         .connect()
         .unwrap();
-    let registered = conn.call(&Request::Register {
-        pod: PodRef {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: None,
-        },
-        container_id: pod.container_id.clone(),
-        ifname: "eth0".into(),
-        netns: pod.netns.path().to_owned(),
-        ips,
-        generation: 1,
-    });
+    let registered = conn.call(&registration(&pod, ips));
     assert_eq!(registered.unwrap(), Response::Registered);
     assert_eq!(proxy.agent.registered()[0].generation, 2);
 
@@ -522,20 +536,7 @@ fn a_registration_of_addresses_its_netns_does_not_hold_is_refused() {
     let mut conn = Client::new(proxy.socket(), DEFAULT_TIMEOUT)
         .connect()
         .unwrap();
-    let mut register = |ips: Vec<IpAddr>| {
-        conn.call(&Request::Register {
-            pod: PodRef {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: None,
-            },
-            container_id: pod.container_id.clone(),
-            ifname: "eth0".into(),
-            netns: pod.netns.path().to_owned(),
-            ips,
-            generation: 1,
-        })
-    };
+    let mut register = |ips: Vec<IpAddr>| conn.call(&registration(&pod, ips));
     let other: IpAddr = "10.244.250.9".parse().unwrap();
     let error = register(vec![held[0], other]).unwrap_err().to_string();
     assert!(
@@ -569,10 +570,7 @@ fn a_peer_that_is_not_root_is_refused_on_the_cni_socket() {
         // SAFETY: setresuid(2) with plain integers; only this thread's credentials change.
         let dropped = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
         assert_eq!(dropped, 0, "cannot drop to uid 65534");
-        Client::new(&socket, DEFAULT_TIMEOUT)
-            .connect()
-            .and_then(|mut conn| conn.call(&Request::Ping))
-            .map_err(|e| e.to_string())
+        ping(&socket, DEFAULT_TIMEOUT).map_err(|e| e.to_string())
     })
     .join()
     .unwrap();
@@ -581,10 +579,10 @@ fn a_peer_that_is_not_root_is_refused_on_the_cni_socket() {
         error.contains("only root may talk to the aether CNI socket; peer uid 65534"),
         "{error}"
     );
-    let mut conn = Client::new(proxy.socket(), DEFAULT_TIMEOUT)
-        .connect()
-        .unwrap();
-    assert_eq!(conn.call(&Request::Ping).unwrap(), Response::Pong);
+    assert_eq!(
+        ping(proxy.socket(), DEFAULT_TIMEOUT).unwrap(),
+        Response::Pong
+    );
 }
 
 /// The CNI server serves a bounded number of connections at once, and connections that say
@@ -599,16 +597,13 @@ fn silent_connections_cannot_hold_the_cni_server() {
         ..aether_proxy::cni_server::MAX_CONNECTIONS)
         .map(|_| std::os::unix::net::UnixStream::connect(proxy.socket()).unwrap())
         .collect();
-    let hasty = Client::new(proxy.socket(), Duration::from_secs(1))
-        .connect()
-        .and_then(|mut conn| conn.call(&Request::Ping));
+    let hasty = ping(proxy.socket(), Duration::from_secs(1));
     assert!(
         hasty.is_err(),
         "a connection beyond the bound was served at once: {hasty:?}"
     );
     let patient = aether_proxy::cni_server::IO_TIMEOUT + Duration::from_secs(5);
-    let mut conn = Client::new(proxy.socket(), patient).connect().unwrap();
-    assert_eq!(conn.call(&Request::Ping).unwrap(), Response::Pong);
+    assert_eq!(ping(proxy.socket(), patient).unwrap(), Response::Pong);
     drop(silent);
 }
 
@@ -675,10 +670,10 @@ fn bad_frames_get_an_error_answer_and_the_server_keeps_serving() {
 
     // A plugin that connects and says nothing holds no one up.
     let _silent = UnixStream::connect(proxy.socket()).unwrap();
-    let mut conn = Client::new(proxy.socket(), DEFAULT_TIMEOUT)
-        .connect()
-        .unwrap();
-    assert_eq!(conn.call(&Request::Ping).unwrap(), Response::Pong);
+    assert_eq!(
+        ping(proxy.socket(), DEFAULT_TIMEOUT).unwrap(),
+        Response::Pong
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aether_crds::conditions::reason;
 
+use crate::protocol::PortProtocol;
 use crate::rules::{CompiledRoute, RankedEntry, compile_route};
 use crate::source::{RouteSource, ServiceInfo, ServiceKind, ServiceLookup};
 use crate::table::{
@@ -231,13 +232,52 @@ fn attach(
             );
         }
     }
+    // Opaque ports carry bytes as they are: an HTTP or gRPC route never applies to them.
+    let (opaque, ports): (Vec<u16>, Vec<u16>) = ports.into_iter().partition(|port| {
+        service.ports.iter().any(|p| {
+            p.port == *port
+                && PortProtocol::of(p.name.as_deref(), p.app_protocol.as_deref())
+                    == PortProtocol::Opaque
+        })
+    });
+    if ports.is_empty() && !opaque.is_empty() {
+        return (
+            Vec::new(),
+            Verdict::fail(
+                reason::UNSUPPORTED_PROTOCOL,
+                format!(
+                    "port {} of Service {svc} is declared non-HTTP (by appProtocol or name): its bytes pass as they are and no route applies",
+                    join_ports(&opaque)
+                ),
+            ),
+        );
+    }
+    let skipped = if opaque.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (not its non-HTTP port {}: bytes pass as they are)",
+            join_ports(&opaque)
+        )
+    };
     match rules {
         Ok(_) => (
             ports,
-            Verdict::ok(reason::ACCEPTED, format!("attached to Service {svc}")),
+            Verdict::ok(
+                reason::ACCEPTED,
+                format!("attached to Service {svc}{skipped}"),
+            ),
         ),
         Err(error) => (Vec::new(), Verdict::fail(error.reason(), error.to_string())),
     }
+}
+
+fn join_ports(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn resolved_refs(rules: &Result<CompiledRoute, crate::RuleError>) -> Verdict {

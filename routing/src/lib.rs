@@ -4,12 +4,14 @@
 //!   RouteTarget's inline rules) into its [`RouteTable`], ordered by the Gateway API
 //!   precedence rules, and says which parentRefs are accepted and which references resolve;
 //! - [`Router`] loads a table and decides, per request, the rule, the backend (by weight),
-//!   and the filters to apply.
+//!   and the filters to apply;
+//! - [`PortProtocol`] says which Service ports are HTTP at all.
 
 mod compile;
 mod error;
 pub mod filters;
 pub mod fuzzing;
+pub mod protocol;
 mod request;
 mod router;
 mod rules;
@@ -18,6 +20,7 @@ pub mod table;
 
 pub use compile::{Compiled, ParentOutcome, RouteOutcome, Verdict, compile};
 pub use error::{RuleError, TableError};
+pub use protocol::{PortProtocol, Sniffed, sniff};
 pub use request::RequestView;
 pub use router::{Forward, Outcome, Router, RuleSetRouter};
 pub use source::{

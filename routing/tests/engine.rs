@@ -408,6 +408,63 @@ fn parent_port_and_section_name_limit_the_route() {
 }
 
 #[test]
+fn routes_never_apply_to_ports_declared_non_http() {
+    let mut all = services();
+    let echo = all.iter_mut().find(|s| s.name == "echo").unwrap();
+    echo.ports.push(ServicePort {
+        name: Some("tcp".into()),
+        port: 9090,
+        app_protocol: None,
+    });
+    echo.ports.push(ServicePort {
+        name: Some("web".into()),
+        port: 443,
+        app_protocol: Some("https".into()),
+    });
+    let every_port = http_route_full(
+        NS,
+        "all",
+        "2026-01-01T00:00:00Z",
+        "  - {group: \"\", kind: Service, name: echo}",
+        "  - backendRefs: [{name: v1, port: 80}]",
+    );
+    let tcp_only = http_route_full(
+        NS,
+        "tcp",
+        "2026-01-01T00:00:00Z",
+        "  - {group: \"\", kind: Service, name: echo, port: 9090}",
+        "  - backendRefs: [{name: v1, port: 80}]",
+    );
+    let compiled = compile(NS, "echo", &[every_port, tcp_only], all.as_slice());
+    let every = &compiled.routes[0].parents[0];
+    assert!(every.accepted.ok);
+    assert_eq!(every.ports, [80, 8080, 7070]);
+    assert!(
+        every
+            .accepted
+            .message
+            .contains("not its non-HTTP port 9090, 443"),
+        "{}",
+        every.accepted.message
+    );
+    let tcp = &compiled.routes[1].parents[0];
+    assert_eq!(tcp.accepted.reason, "UnsupportedProtocol");
+    assert!(
+        tcp.accepted
+            .message
+            .contains("port 9090 of Service mesh/echo is declared non-HTTP")
+    );
+    assert!(
+        compiled
+            .table
+            .ports
+            .iter()
+            .all(|p| p.port != 9090 && p.port != 443),
+        "no table for an opaque port"
+    );
+}
+
+#[test]
 fn parent_refs_that_do_not_fit_the_service_are_refused_with_reasons() {
     let bad_port = http_route_full(
         NS,

@@ -125,23 +125,43 @@ pub fn absolute_uri(authority: &str, uri: Uri) -> Result<Uri, ::http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
+/// What a mesh request carries to the app's port, named in [`FORWARD_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carried {
+    Http1,
+    Http2,
+    /// A CONNECT tunnel of opaque bytes.
+    Tcp,
+}
+
+impl Carried {
+    pub fn of_version(version: Version) -> Carried {
+        if version == Version::HTTP_2 {
+            Carried::Http2
+        } else {
+            Carried::Http1
+        }
+    }
+}
+
 /// The value of [`FORWARD_HEADER`].
-pub fn forward_value(port: u16, version: Version) -> HeaderValue {
-    let proto = if version == Version::HTTP_2 {
-        "h2"
-    } else {
-        "h1"
+pub fn forward_value(port: u16, carried: Carried) -> HeaderValue {
+    let proto = match carried {
+        Carried::Http1 => "h1",
+        Carried::Http2 => "h2",
+        Carried::Tcp => "tcp",
     };
     HeaderValue::from_str(&format!("{port} {proto}")).expect("digits and letters")
 }
 
-/// Parses [`FORWARD_HEADER`]: the app port and whether the app speaks HTTP/2.
-pub fn parse_forward(value: &HeaderValue) -> Option<(u16, bool)> {
+/// Parses [`FORWARD_HEADER`]: the app port and what goes to it.
+pub fn parse_forward(value: &HeaderValue) -> Option<(u16, Carried)> {
     let (port, proto) = value.to_str().ok()?.split_once(' ')?;
     let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
     match proto {
-        "h1" => Some((port, false)),
-        "h2" => Some((port, true)),
+        "h1" => Some((port, Carried::Http1)),
+        "h2" => Some((port, Carried::Http2)),
+        "tcp" => Some((port, Carried::Tcp)),
         _ => None,
     }
 }
@@ -196,11 +216,14 @@ mod tests {
 
     #[test]
     fn the_forward_header_round_trips_and_refuses_nonsense() {
-        let v = forward_value(8080, Version::HTTP_11);
-        assert_eq!(parse_forward(&v), Some((8080, false)));
+        for carried in [Carried::Http1, Carried::Http2, Carried::Tcp] {
+            let v = forward_value(8080, carried);
+            assert_eq!(parse_forward(&v), Some((8080, carried)));
+        }
         assert_eq!(
-            parse_forward(&forward_value(9000, Version::HTTP_2)),
-            Some((9000, true))
+            Carried::of_version(Version::HTTP_2),
+            Carried::Http2,
+            "an h2c app gets h2"
         );
         for bad in ["", "8080", "0 h1", "70000 h1", "8080 h3", "x h1"] {
             assert_eq!(parse_forward(&HeaderValue::from_static(bad)), None, "{bad}");

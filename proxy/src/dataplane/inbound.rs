@@ -1,26 +1,28 @@
 //! mTLS connections of other proxies to a local pod: the pod presents its ServiceAccount's
 //! SVID, the caller must present one of the mesh; each request goes to the pod's own address,
 //! on a port the pod serves, with the caller's verified identity in [`CLIENT_IDENTITY_HEADER`].
-//! Never to its loopback: what a pod keeps to itself stays out of the mesh's reach.
+//! Never to its loopback: what a pod keeps to itself stays out of the mesh's reach. An opaque
+//! connection arrives as an HTTP/2 CONNECT tunnel and goes to the app's port as TCP.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::http::header::{self, HeaderValue};
-use ::http::{Request, Response, StatusCode, Version};
+use ::http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use super::clients::PodClients;
-use super::http::{self as h, Body, FORWARD_HEADER, answer, authority, parse_forward};
+use super::clients::{CONNECT_TIMEOUT, PodClients};
+use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
 use crate::listeners::PodInfo;
 use crate::mesh::Snapshot;
 use crate::metrics::{Direction, RequestLabels};
+use crate::netns;
 use aether_cni::protocol::PodRef;
 
 /// Bounds the TLS handshake of a connecting peer.
@@ -116,7 +118,11 @@ struct App {
 impl App {
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let started = Instant::now();
-        let response = self.forward(request).await;
+        let response = if request.method() == Method::CONNECT {
+            self.tunnel(request).await
+        } else {
+            self.forward(request).await
+        };
         self.mesh.metrics.request(
             RequestLabels {
                 direction: Direction::Inbound,
@@ -132,26 +138,19 @@ impl App {
 
     async fn forward(&self, request: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
-        let Some((port, http2)) = parts.headers.get(FORWARD_HEADER).and_then(parse_forward) else {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                format!("mesh request without a valid {FORWARD_HEADER} header"),
-            );
+        let (port, http2) = match parts.headers.get(FORWARD_HEADER).and_then(parse_forward) {
+            Some((port, Carried::Http1)) => (port, false),
+            Some((port, Carried::Http2)) => (port, true),
+            _ => {
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    format!("mesh request without a valid {FORWARD_HEADER} header"),
+                );
+            }
         };
         parts.headers.remove(FORWARD_HEADER);
-        if !serves(
-            &self.declared,
-            &self.mesh.snapshot.load(),
-            &self.pod.pod,
-            self.address,
-            port,
-        ) {
-            self.mesh.metrics.inbound_refused("port");
-            warn!(pod = %self.pod.pod, port, "refused a mesh request for a port the pod does not serve");
-            return answer(
-                StatusCode::FORBIDDEN,
-                format!("pod {} serves no port {port}", self.pod.pod),
-            );
+        if let Some(refused) = self.refusal(port) {
+            return refused;
         }
         // Whatever the caller claimed, the app sees only what mTLS proved.
         parts.headers.remove(CLIENT_IDENTITY_HEADER);
@@ -185,6 +184,73 @@ impl App {
                 answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
         }
+    }
+}
+
+impl App {
+    /// The 403 (counted) for a port the pod does not serve; `None` for one it serves.
+    fn refusal(&self, port: u16) -> Option<Response<Body>> {
+        let snapshot = self.mesh.snapshot.load();
+        if serves(&self.declared, &snapshot, &self.pod.pod, self.address, port) {
+            return None;
+        }
+        self.mesh.metrics.inbound_refused("port");
+        warn!(pod = %self.pod.pod, port, "refused a mesh request for a port the pod does not serve");
+        Some(answer(
+            StatusCode::FORBIDDEN,
+            format!("pod {} serves no port {port}", self.pod.pod),
+        ))
+    }
+
+    /// A CONNECT tunnel of an opaque connection to one of the pod's ports: answered 200 once
+    /// the app accepted, then bytes both ways until each side has closed its half.
+    async fn tunnel(&self, mut request: Request<Incoming>) -> Response<Body> {
+        let Some((port, Carried::Tcp)) = request
+            .headers()
+            .get(FORWARD_HEADER)
+            .and_then(parse_forward)
+        else {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                format!("mesh CONNECT without a valid {FORWARD_HEADER} header"),
+            );
+        };
+        if let Some(refused) = self.refusal(port) {
+            return refused;
+        }
+        let to = SocketAddr::new(self.address, port);
+        let app =
+            match tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&self.pod.netns, to))
+                .await
+            {
+                Ok(Ok(app)) => app,
+                Ok(Err(e)) => {
+                    warn!(pod = %self.pod.pod, error = %e, "the app refused a mesh tunnel");
+                    return answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+                }
+                Err(_) => {
+                    return answer(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("connecting to {to} timed out"),
+                    );
+                }
+            };
+        let upgrade = hyper::upgrade::on(&mut request);
+        let pod = self.pod.pod.clone();
+        tokio::spawn(async move {
+            match upgrade.await {
+                Ok(upgraded) => {
+                    let mut app = app;
+                    let mut upgraded = TokioIo::new(upgraded);
+                    if let Err(error) = tokio::io::copy_bidirectional(&mut upgraded, &mut app).await
+                    {
+                        debug!(%pod, %to, %error, "mesh tunnel ended with an error");
+                    }
+                }
+                Err(error) => debug!(%pod, %to, %error, "mesh tunnel was never opened"),
+            }
+        });
+        Response::new(h::full(hyper::body::Bytes::new()))
     }
 }
 

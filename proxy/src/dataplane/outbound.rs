@@ -1,5 +1,7 @@
 //! Captured connections of local pods. A connection to a route target whose table this node
-//! holds is served as HTTP (1.1 or 2, detected per connection) and routed per request. One to a
+//! holds is served by what its Service port carries ([`PortProtocol`]): HTTP (1.1 or 2,
+//! detected per connection) routed per request, or opaque bytes to the target's own endpoints
+//! through a mesh tunnel; an undeclared port is sniffed. One to a
 //! route target the proxy cannot route yet (no table, Service not watched yet) waits briefly,
 //! then fails closed: its requests get 503, never a plaintext connection. Any other captured
 //! connection (an address no longer in the capture set) passes through to its destination.
@@ -11,18 +13,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ::http::header::{self, HeaderValue};
-use ::http::{Request, Response, StatusCode, Version};
+use ::http::{Method, Request, Response, StatusCode, Version};
 use aether_routing::table::ServiceRef;
-use aether_routing::{Outcome, RequestView};
+use aether_routing::{Outcome, PortProtocol, RequestView, Sniffed, sniff};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use super::clients::{CONNECT_TIMEOUT, ClientError, PodClients};
+use super::clients::{CONNECT_TIMEOUT, ClientError, MeshConn, PodClients};
 use super::http::{
-    self as h, Body, FORWARD_HEADER, absolute_uri, answer, authority, forward_value,
+    self as h, Body, Carried, FORWARD_HEADER, absolute_uri, answer, authority, forward_value,
     strip_hop_by_hop,
 };
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
@@ -36,6 +38,9 @@ use crate::netns;
 const COLD_PATH_WAIT: Duration = Duration::from_secs(5);
 /// Largest request body copied for mirrors; a larger one is sent on without its mirrors.
 const MIRROR_BODY_LIMIT: usize = 1 << 20;
+/// How long a connection to an undeclared port may stay silent before it is taken for a
+/// protocol whose server speaks first.
+const SNIFF_WAIT: Duration = Duration::from_millis(300);
 /// How long a captured HTTP/1 connection may take to send a request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,6 +73,10 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
     match routed_target(&mesh, original).await {
         Captured::Routed(target) => {
             plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            let protocol = match mesh.snapshot.load().protocol(&target, original.port()) {
+                PortProtocol::Detect => detect(&stream).await,
+                declared => declared,
+            };
             let conn = Connection {
                 clients: plane.clients(&pod.netns),
                 plane: plane.clone(),
@@ -78,7 +87,11 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
                 target,
                 port: original.port(),
             };
-            serve_http(conn, stream).await;
+            if protocol == PortProtocol::Http {
+                serve_http(conn, stream).await;
+            } else {
+                conn.serve_opaque(stream).await;
+            }
         }
         Captured::Unrouted => pass_through(&plane, stream, peer, &pod, original).await,
         Captured::Refused { reason, message } => {
@@ -137,6 +150,25 @@ async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Captured {
     }
 }
 
+/// The protocol of a connection to an undeclared port, from its first bytes: HTTP, or opaque
+/// when they are anything else or the client stays silent for [`SNIFF_WAIT`] (a protocol
+/// whose server speaks first).
+async fn detect(stream: &TcpStream) -> PortProtocol {
+    let deadline = tokio::time::Instant::now() + SNIFF_WAIT;
+    let mut first = [0u8; 16];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return PortProtocol::Opaque,
+            Ok(Ok(n)) => match sniff(&first[..n]) {
+                Sniffed::Http => return PortProtocol::Http,
+                Sniffed::Opaque => return PortProtocol::Opaque,
+                // A peek returns what is there at once: wait for the rest of the word.
+                Sniffed::NeedMore => tokio::time::sleep(Duration::from_millis(5)).await,
+            },
+        }
+    }
+}
+
 /// Answers every request of a refused connection with 503 and why.
 async fn serve_refusal(stream: TcpStream, message: String) {
     let message: Arc<str> = message.into();
@@ -192,7 +224,11 @@ async fn pass_through(
     }
 }
 
-/// One captured HTTP connection to `target`'s port `port`.
+/// Either end of an opaque connection's backend: a tunnel or a TCP stream.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// One captured connection to `target`'s port `port`.
 struct Connection {
     plane: Arc<DataPlane>,
     mesh: Arc<Mesh>,
@@ -495,10 +531,31 @@ impl Connection {
         body: Body,
         host: &str,
     ) -> Result<Response<Incoming>, String> {
+        let mut conn = self.mesh_conn(snapshot, service, endpoint).await?;
+        parts.headers.insert(
+            FORWARD_HEADER,
+            forward_value(endpoint.port(), Carried::of_version(parts.version)),
+        );
+        parts.uri = absolute_uri(host, std::mem::take(&mut parts.uri))
+            .map_err(|e| format!("request authority {host:?}: {e}"))?;
+        parts.version = Version::HTTP_2;
+        conn.send(Request::from_parts(parts, body))
+            .await
+            .map_err(|e| aether_cni::error_chain(&e))
+    }
+
+    /// A pooled mTLS connection to `endpoint`'s proxy, whose peer proved one of `service`'s
+    /// identities.
+    async fn mesh_conn(
+        &self,
+        snapshot: &Snapshot,
+        service: &ServiceKey,
+        endpoint: SocketAddr,
+    ) -> Result<MeshConn, String> {
         let mesh = &self.mesh;
         let source = self.source()?;
         let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
-        let mut conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
+        let conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
             Ok((conn, fresh)) => {
                 // Only a new connection had a handshake; most requests reuse one.
                 if fresh.0 {
@@ -515,16 +572,84 @@ impl Connection {
         };
         check_peer(snapshot.identities.get(service), &conn.peer_id)
             .map_err(|why| format!("endpoint {endpoint} of {service}: {why}"))?;
-        parts.headers.insert(
-            FORWARD_HEADER,
-            forward_value(endpoint.port(), parts.version),
-        );
-        parts.uri = absolute_uri(host, std::mem::take(&mut parts.uri))
-            .map_err(|e| format!("request authority {host:?}: {e}"))?;
-        parts.version = Version::HTTP_2;
-        conn.send(Request::from_parts(parts, body))
+        Ok(conn)
+    }
+
+    /// An opaque connection (not HTTP) to the target's own endpoints, over an HTTP/2 CONNECT
+    /// tunnel on the pooled mTLS connection to a meshed endpoint, or plain TCP to another.
+    /// Routes do not apply: they are HTTP. When no endpoint can be reached the app's
+    /// connection is reset.
+    async fn serve_opaque(self, mut app: TcpStream) {
+        let snapshot = self.mesh.snapshot.load();
+        let endpoints = snapshot.endpoints(&self.target, self.port);
+        let balancer = &self.plane.balancer;
+        let Some(index) = balancer.pick(endpoints, |e| e.addr, fastrand::u64(..)) else {
+            warn!(pod = %self.pod.pod, target = %self.target, port = self.port, "no ready endpoint for an opaque connection; resetting it");
+            let _ = app.set_zero_linger();
+            return;
+        };
+        let endpoint = endpoints[index].clone();
+        let in_flight = balancer.start(endpoint.addr);
+        let opened = if endpoint.meshed {
+            self.open_tunnel(&snapshot, endpoint.addr).await
+        } else {
+            tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                netns::connect_from(&self.pod.netns, endpoint.addr),
+            )
             .await
-            .map_err(|e| aether_cni::error_chain(&e))
+            .map_err(|_| format!("connecting to {} timed out", endpoint.addr))
+            .and_then(|c| c.map_err(|e| e.to_string()))
+            .map(|tcp| Box::new(tcp) as Box<dyn Io>)
+        };
+        let mut backend = match opened {
+            Ok(backend) => {
+                // The balancer weighs how fast a connection opens, not how long it lives.
+                in_flight.finish();
+                backend
+            }
+            Err(error) => {
+                in_flight.fail();
+                warn!(pod = %self.pod.pod, target = %self.target, endpoint = %endpoint.addr, %error, "cannot open an opaque connection; resetting it");
+                let _ = app.set_zero_linger();
+                return;
+            }
+        };
+        if let Err(error) = tokio::io::copy_bidirectional(&mut app, &mut backend).await {
+            debug!(pod = %self.pod.pod, endpoint = %endpoint.addr, %error, "opaque connection ended with an error");
+        }
+    }
+
+    async fn open_tunnel(
+        &self,
+        snapshot: &Snapshot,
+        endpoint: SocketAddr,
+    ) -> Result<Box<dyn Io>, String> {
+        let mut conn = self.mesh_conn(snapshot, &self.target, endpoint).await?;
+        let mut request = Request::new(h::full(Bytes::new()));
+        *request.method_mut() = Method::CONNECT;
+        *request.uri_mut() = endpoint
+            .to_string()
+            .parse()
+            .map_err(|e| format!("{endpoint} as an authority: {e}"))?;
+        *request.version_mut() = Version::HTTP_2;
+        request
+            .headers_mut()
+            .insert(FORWARD_HEADER, forward_value(endpoint.port(), Carried::Tcp));
+        let response = conn
+            .send(request)
+            .await
+            .map_err(|e| aether_cni::error_chain(&e))?;
+        if response.status() != StatusCode::OK {
+            return Err(format!(
+                "endpoint {endpoint} refused the tunnel: {}",
+                response.status()
+            ));
+        }
+        let upgraded = hyper::upgrade::on(response)
+            .await
+            .map_err(|e| format!("tunnel to {endpoint}: {e}"))?;
+        Ok(Box::new(TokioIo::new(upgraded)))
     }
 
     /// The client pod's ServiceAccount, looked up on the connection's first mesh request.

@@ -1,6 +1,8 @@
 //! Proof that aether captures for real, as a user would check it on their cluster, through the
 //! Kubernetes API only (commands in pods, and a shell pod on each node for its network
 //! namespaces and CNI config):
+//! - a route target's ports that are not HTTP (raw TCP, TLS from the app) reach the backend
+//!   through the mesh tunnel;
 //! - with every proxy stopped, a request to a route target fails closed, a new meshed pod
 //!   waits in ContainerCreating with aether-cni's error in its Events, and both recover by
 //!   themselves once the proxies are back (which also remove the nodes' not-ready taint);
@@ -8,7 +10,8 @@
 //!   are put back by the node's proxy, with an Event;
 //! - strict mTLS refuses plaintext into meshed pods, running ones and new ones;
 //! - with the operator stopped and a node's NodeConfig deleted, that node's pods keep their
-//!   capture set, also across a restart of its proxy;
+//!   capture set and routes, also across a restart of its proxy (which, without a CA, refuses
+//!   rather than send plaintext);
 //! - a route target whose table the caller's node lacks, with the operator stopped, gets 503
 //!   rather than plaintext, and mTLS once the operator is back;
 //! - the proxies' DaemonSet deleted with `--cascade=orphan` and its proxies stopped is not an
@@ -41,6 +44,7 @@ async fn capture_fails_closed_repairs_itself_is_strict_and_uninstalls_cleanly() 
     let cluster = Cluster::get().await?;
     install(&cluster, &[]).await?;
     mesh_workloads(&cluster, Accounts::PerVersion).await?;
+    opaque_ports_are_tunnelled_over_mtls(&cluster).await?;
     fails_closed_without_proxies(&cluster).await?;
     repairs_drift(&cluster).await?;
     missing_config_keeps_capture(&cluster).await?;
@@ -49,6 +53,49 @@ async fn capture_fails_closed_repairs_itself_is_strict_and_uninstalls_cleanly() 
     strict_mode_refuses_plaintext(&cluster).await?;
     uninstall_leaves_nothing(&cluster).await?;
     unmesh_workloads(&cluster)?;
+    Ok(())
+}
+
+/// A route target's ports that are not HTTP carry bytes as they are, through the mesh: raw TCP
+/// to echo's port `tcp` (9090) and TLS from the app to its port `https` (443, the backend's own
+/// certificate) are answered by a backend that saw the connection come from its own address,
+/// i.e. from its node's inbound proxy, which takes nothing but mTLS. Before, both were parsed
+/// as HTTP (`400 Bad Request`, a failed handshake).
+async fn opaque_ports_are_tunnelled_over_mtls(cluster: &Cluster) -> Result<()> {
+    let split = apply_split(cluster).await?;
+    let from = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MESH_NS);
+    let ips: std::collections::BTreeMap<String, String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.clone()?, pod_ip(p).ok()?)))
+        .collect();
+    for args in [
+        vec!["tcp://echo:9090".to_string()],
+        vec![
+            "https://echo:443".to_string(),
+            "--insecure-skip-verify".to_string(),
+        ],
+    ] {
+        let answered = client(cluster, &from, &args).await?;
+        eprintln!("{args:?}: {answered:?}");
+        let Some(first) = answered.first() else {
+            bail!("{args:?}: no answer");
+        };
+        let backend = &first.body.hostname;
+        let own = ips.get(backend);
+        if own.is_none() || own != Some(&first.body.ip) {
+            bail!(
+                "{args:?}: backend {backend} ({own:?}) saw the connection from {}, not from its own inbound proxy: {first:?}",
+                first.body.ip
+            );
+        }
+    }
+    eprintln!("raw TCP and the app's own TLS to a route target went through the mesh tunnel");
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    wait_nodes_applied(cluster).await?;
     Ok(())
 }
 
@@ -255,7 +302,9 @@ fn delete_proxies(cluster: &Cluster, node: Option<&str>) -> Result<()> {
 
 /// A node whose NodeConfig is gone (deleted while the operator is stopped, so nobody writes it
 /// again) is not a node with nothing to capture: its pods' tables keep the last set, and so
-/// does its proxy restarted meanwhile (from the set it saved), and the mesh keeps serving.
+/// does its proxy restarted meanwhile (from the set and the config it saved). The mesh keeps
+/// serving; the restarted proxy, with no CA to get an SVID from, refuses instead of sending
+/// plaintext, and serves over mTLS once the operator is back.
 async fn missing_config_keeps_capture(cluster: &Cluster) -> Result<()> {
     let split = apply_split(cluster).await?;
     wait_nodes_applied(cluster).await?;
@@ -292,12 +341,39 @@ async fn missing_config_keeps_capture(cluster: &Cluster) -> Result<()> {
             "{node}'s proxy restarted without a NodeConfig, pod table changed:\n{before}\n---\n{restarted}"
         );
     }
+    // Its routes come from the config it saved; the CA is the stopped operator, so it has no
+    // SVID, and refuses rather than send plaintext.
+    let refused = client(cluster, &pod, &["http://echo/v1".to_string()]).await?;
+    let first = refused.first();
+    if first.and_then(|e| e.status) != Some(503)
+        || !first.is_some_and(|e| e.body_lines.iter().any(|l| l.contains("no SVID")))
+    {
+        bail!(
+            "{node}'s proxy restarted without a NodeConfig or a CA did not refuse /v1: {refused:?}"
+        );
+    }
     start_operator(cluster, &replicas)?;
     wait_nodes_applied(cluster).await?;
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    loop {
+        let served = client(cluster, &pod, &["http://echo/v1".to_string()]).await;
+        let meshed = served
+            .as_ref()
+            .ok()
+            .and_then(|e| e.first())
+            .is_some_and(|e| e.status == Some(200) && e.body.identity().is_some());
+        if meshed {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("with the operator back, /v1 is not served over mTLS: {served:?}");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
     wait_nodes_applied(cluster).await?;
     eprintln!(
-        "a deleted NodeConfig with the operator stopped left {node}'s pods captured, across a proxy restart"
+        "a deleted NodeConfig with the operator stopped left {node}'s pods captured, across a proxy restart that refused rather than send plaintext"
     );
     Ok(())
 }
