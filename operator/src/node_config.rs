@@ -1,20 +1,21 @@
 //! Per-node config, as a pure function: the capture set of the whole mesh, and the route
-//! tables and backend identities that this node's meshed pods may need (demand scope).
+//! tables and backend identities that this node's meshed pods may need (demand scope). A
+//! Service with meshed endpoints and no route is captured too, with an identity route: an
+//! empty table, so every request goes to its own endpoints, over mTLS to the meshed ones.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use aether_crds::node_config::{NodeConfigSpec, ServiceIdentities, TargetTable};
-use aether_routing::RouteTable;
 use aether_routing::table::BackendTarget;
+use aether_routing::{RouteTable, ServiceKind};
 
 use crate::index::{Index, Key, key};
 use crate::targets::Target;
 
-/// `ClusterIP:port` of every route target, sorted by address.
-pub fn capture_set(index: &Index, targets: &BTreeMap<Key, Target>) -> Vec<String> {
-    let mut capture: Vec<SocketAddr> = targets
-        .keys()
+/// `ClusterIP:port` of every one of `services`, sorted by address.
+pub fn capture_set<'a>(index: &Index, services: impl Iterator<Item = &'a Key>) -> Vec<String> {
+    let mut capture: Vec<SocketAddr> = services
         .filter_map(|k| index.services.get(k))
         .flat_map(|service| {
             service
@@ -33,6 +34,26 @@ pub fn capture_set(index: &Index, targets: &BTreeMap<Key, Target>) -> Vec<String
     capture.sort();
     capture.dedup();
     capture.iter().map(SocketAddr::to_string).collect()
+}
+
+/// The ClusterIP Services with no route target that have a meshed endpoint: captured with an
+/// identity route.
+pub fn identity_routed(
+    index: &Index,
+    targets: &BTreeMap<Key, Target>,
+    meshed: &BTreeSet<String>,
+) -> BTreeSet<Key> {
+    index
+        .services
+        .iter()
+        .filter(|(k, service)| {
+            !targets.contains_key(*k)
+                && service.info.kind == ServiceKind::ClusterIp
+                && !service.cluster_ips.is_empty()
+                && !index.meshed_endpoints(k, meshed).is_empty()
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 /// The backend Services a table sends traffic or mirrors to.
@@ -116,6 +137,9 @@ pub struct Shared {
     pub identities: BTreeMap<Key, Vec<String>>,
     pub meshed: BTreeMap<Key, Vec<String>>,
     pub tables: BTreeMap<Key, serde_json::Value>,
+    /// Services captured with an identity route, and the empty table they get.
+    pub identity_routed: BTreeSet<Key>,
+    identity_table: serde_json::Value,
     pub clients: BTreeMap<String, Clients>,
 }
 
@@ -135,18 +159,26 @@ impl Shared {
                 entry.depends_on.extend(demand.iter().cloned());
             }
         }
+        let meshed = index.meshed_pod_addresses();
+        let identity_routed = identity_routed(index, targets, &meshed);
+        let mut identities = identity_map(index, targets, trust_domain);
+        identities.extend(
+            identity_routed
+                .iter()
+                .map(|k| (k.clone(), index.identities(trust_domain, k))),
+        );
         Shared {
-            capture: capture_set(index, targets),
-            identities: identity_map(index, targets, trust_domain),
-            meshed: {
-                let meshed = index.meshed_pod_addresses();
-                routed_services(targets)
-                    .map(|k| {
-                        let addresses = index.meshed_endpoints(&k, &meshed);
-                        (k, addresses)
-                    })
-                    .collect()
-            },
+            capture: capture_set(index, targets.keys().chain(&identity_routed)),
+            identities,
+            meshed: routed_services(targets)
+                .chain(identity_routed.iter().cloned())
+                .map(|k| {
+                    let addresses = index.meshed_endpoints(&k, &meshed);
+                    (k, addresses)
+                })
+                .collect(),
+            identity_routed,
+            identity_table: serde_json::to_value(RouteTable::default()).unwrap_or_default(),
             tables: targets
                 .iter()
                 .map(|(k, t)| {
@@ -195,8 +227,20 @@ fn routed_services(targets: &BTreeMap<Key, Target>) -> impl Iterator<Item = Key>
 pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared) -> NodeConfigSpec {
     let capture = shared.capture.clone();
     let identities = &shared.identities;
-    let (wanted, client_namespaces) = demand(shared.clients.get(node), targets);
-    let tables: Vec<TargetTable> = wanted
+    let clients = shared.clients.get(node);
+    let (wanted, client_namespaces) = demand(clients, targets);
+    // Identity routes in the same scope as route targets: the namespaces of the node's
+    // clients, what they depend on, and what the node's proxy asked for.
+    let identity_routed: Vec<&Key> = clients
+        .map(|clients| {
+            shared
+                .identity_routed
+                .iter()
+                .filter(|k| clients.namespaces.contains(&k.0) || clients.depends_on.contains(*k))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tables: Vec<TargetTable> = wanted
         .iter()
         .filter_map(|k| targets.get(k))
         .map(|t| {
@@ -220,9 +264,16 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
             }
         })
         .collect();
+    tables.extend(identity_routed.iter().map(|k| TargetTable {
+        namespace: k.0.clone(),
+        service: k.1.clone(),
+        table: shared.identity_table.clone(),
+    }));
     // Identities of every Service a request from this node may reach: the wanted targets
-    // themselves (traffic with no route passes through to them) and their backends.
+    // themselves (traffic with no route passes through to them), their backends, and the
+    // identity-routed Services.
     let mut services: BTreeSet<Key> = wanted.clone();
+    services.extend(identity_routed.into_iter().cloned());
     services.extend(
         wanted
             .iter()

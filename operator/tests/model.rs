@@ -468,3 +468,68 @@ fn only_endpoints_whose_own_nodes_proxy_captures_them_take_mtls() {
         ]
     );
 }
+
+#[test]
+fn a_service_with_meshed_endpoints_and_no_route_is_captured_with_an_identity_route() {
+    let mut index = index();
+    let mut lonely = pod(
+        MESH,
+        "lonely-a",
+        "node-2",
+        "sa-lonely",
+        json!({"app": "lonely"}),
+        json!({}),
+    );
+    lonely.status =
+        Some(serde_json::from_value(json!({"podIPs": [{"ip": "10.244.2.9"}]})).unwrap());
+    index.add_pod(&lonely);
+    index.add_endpoint_slice(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "lonely-1", "namespace": MESH, "labels": {"kubernetes.io/service-name": "lonely"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.2.9"]}],
+        }))
+        .unwrap(),
+    );
+    let targets = compile_all(&index);
+    let config =
+        |index: &Index, node: &str| node_config(node, &targets, &Shared::new(index, &targets, TD));
+    // Not captured until its pod's own node reports it.
+    assert_eq!(config(&index, "node-1").capture_count, 4);
+    index.add_node_config(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "node-2", "generation": 3},
+            "spec": {},
+            "status": {"capturedPods": ["mesh/lonely-a"]},
+        }))
+        .unwrap(),
+    );
+    let node1 = config(&index, "node-1");
+    assert_eq!(node1.capture_count, 6, "and lonely's two ports");
+    assert!(
+        node1
+            .capture_addresses
+            .contains(&"10.96.0.23:80".to_string())
+    );
+    let table = node1.tables.iter().find(|t| t.service == "lonely").unwrap();
+    assert_eq!(
+        serde_json::from_value::<aether_routing::RouteTable>(table.table.clone()).unwrap(),
+        aether_routing::RouteTable::default(),
+        "an identity route: no rules, every request to lonely's own endpoints"
+    );
+    let lonely = node1
+        .identities
+        .iter()
+        .find(|s| s.service == "lonely")
+        .unwrap();
+    assert_eq!(
+        lonely.identities,
+        ["spiffe://cluster.local/ns/mesh/sa/sa-lonely"]
+    );
+    assert_eq!(lonely.meshed_addresses, ["10.244.2.9"]);
+    // A node without clients in `mesh` captures it (the capture set is the mesh's) but gets
+    // its table only on demand.
+    let node4 = config(&index, "node-4");
+    assert_eq!(node4.capture_count, 6);
+    assert!(node4.tables.is_empty());
+}

@@ -16,8 +16,7 @@ use crate::error::TableError;
 use crate::filters::{Edits, redirect_location, rewritten_path};
 use crate::request::RequestView;
 use crate::table::{
-    BackendTarget, Entry, PathMatch, Protocol, RouteTable, Rule, RuleSet, ServiceRef, StringMatch,
-    Timeouts,
+    BackendTarget, Entry, PathMatch, RouteTable, Rule, RuleSet, ServiceRef, StringMatch, Timeouts,
 };
 
 /// Maps keyed by configuration strings (paths, namespaces) and looked up by request
@@ -63,7 +62,6 @@ struct PortRouter {
 /// One rule set, indexed for matching.
 #[derive(Debug, Clone)]
 pub struct RuleSetRouter {
-    protocol: Protocol,
     rules: Vec<PreparedRule>,
     entries: Vec<PreparedEntry>,
     exact: HashMap<String, Vec<u32>>,
@@ -237,7 +235,6 @@ impl RuleSetRouter {
             })
         };
         let mut router = RuleSetRouter {
-            protocol: set.protocol,
             rules: Vec::with_capacity(set.rules.len()),
             entries: Vec::with_capacity(set.entries.len()),
             exact: HashMap::default(),
@@ -341,10 +338,6 @@ impl RuleSetRouter {
         Ok(router)
     }
 
-    pub fn protocol(&self) -> Protocol {
-        self.protocol
-    }
-
     /// The index of the highest-precedence entry matching the request.
     pub fn find(&self, req: &RequestView<'_>) -> Option<usize> {
         let mut best = u32::MAX;
@@ -374,16 +367,6 @@ impl RuleSetRouter {
         }
         scan(&self.regex_any);
         (best != u32::MAX).then_some(best as usize)
-    }
-
-    /// The entry at `index` (as returned by [`Self::find`]).
-    pub fn entry(&self, index: usize) -> &Entry {
-        &self.entries[index].entry
-    }
-
-    /// The rule an entry belongs to.
-    pub fn rule(&self, index: usize) -> &Rule {
-        &self.rules[self.entries[index].entry.rule as usize].rule
     }
 
     /// Applies the rule of entry `index` to the request: redirect, or choose a backend by

@@ -63,7 +63,6 @@ pub mod secret;
 pub mod server;
 pub mod store;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -166,16 +165,4 @@ pub async fn start(client: kube::Client, config: CaConfig) -> Result<RunningCa, 
 /// guard (which is not `Send`) is held across the caller's next await.
 async fn until_stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopped| *stopped).await;
-}
-
-/// Runs the certificate authority until `shutdown` completes.
-pub async fn run(
-    client: kube::Client,
-    config: CaConfig,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), CaError> {
-    let running = start(client, config).await?;
-    shutdown.await;
-    running.shutdown().await;
-    Ok(())
 }

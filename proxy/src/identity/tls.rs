@@ -231,18 +231,6 @@ impl Certs {
             .is_some_and(|slot| slot.key.read().unwrap_or_else(|e| e.into_inner()).is_some())
     }
 
-    /// ServiceAccounts that have a certificate.
-    pub fn installed(&self) -> Vec<ServiceAccount> {
-        let mut installed: Vec<_> = self
-            .lock()
-            .iter()
-            .filter(|(_, slot)| slot.key.read().unwrap_or_else(|e| e.into_inner()).is_some())
-            .map(|(sa, _)| sa.clone())
-            .collect();
-        installed.sort();
-        installed
-    }
-
     /// The inbound side of `sa`'s pods: presents its SVID, requires a client SVID of the mesh.
     pub fn server_config(&self, sa: &ServiceAccount) -> Arc<ServerConfig> {
         self.slot(sa).server.clone()

@@ -1,8 +1,9 @@
-//! Whether an endpoint takes mTLS is known per pod, not per namespace: behind one routed
-//! Service in a managed namespace, a meshed pod, a pod opted out with `aether.io/capture:
-//! disabled` and a hostNetwork pod all answer a meshed caller. The meshed pod sees the
-//! caller's SPIFFE ID (mTLS); the other two are reached with plain connections (no inbound
-//! listener to send mTLS to, so no 503), and see no identity.
+//! Whether an endpoint takes mTLS is known per pod, not per namespace: behind one Service in a
+//! managed namespace, a meshed pod, a pod opted out with `aether.io/capture: disabled` and a
+//! hostNetwork pod all answer a meshed caller. The meshed pod sees the caller's SPIFFE ID
+//! (mTLS); the other two are reached with plain connections (no inbound listener to send mTLS
+//! to, so no 503), and see no identity. The same holds for a Service with a route (`web`) and
+//! for one without (`bare`): a Service with meshed endpoints is captured either way.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,6 +44,8 @@ fn workloads() -> String {
          {}{}{}\
          apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: {NS}}}\n\
          spec:\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: http, appProtocol: http}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: bare, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: http, appProtocol: http}}]\n---\n\
          apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: web, namespace: {NS}}}\n\
          spec:\n  parentRefs: [{{group: \"\", kind: Service, name: web, port: 80}}]\n\
          \x20 rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n---\n\
@@ -60,7 +63,7 @@ fn workloads() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn meshed_opted_out_and_host_network_endpoints_of_one_service_all_answer() -> Result<()> {
+async fn meshed_opted_out_and_host_network_endpoints_of_a_service_all_answer() -> Result<()> {
     let cluster = Cluster::get().await?;
     install(&cluster, &[]).await?;
     cluster.delete_namespaces(&[NS])?;
@@ -79,18 +82,34 @@ async fn meshed_opted_out_and_host_network_endpoints_of_one_service_all_answer()
     wait_nodes_applied(&cluster).await?;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NS);
     let caller = pods.get("caller").await.context("the caller pod")?;
+    let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{NS}/sa/caller");
+    for url in ["http://web/", "http://bare/"] {
+        answered_by_all_three(&cluster, &caller, url, &identity).await?;
+    }
+    cluster.delete_namespaces(&[NS])?;
+    uninstall(&cluster).await?;
+    Ok(())
+}
+
+/// `REQUESTS` requests to `url`, every one answered, by each of the three pods; only the
+/// meshed one sees `identity`.
+async fn answered_by_all_three(
+    cluster: &Cluster,
+    caller: &Pod,
+    url: &str,
+    identity: &str,
+) -> Result<()> {
     let exchanges = client(
-        &cluster,
-        &caller,
-        &["http://web/".into(), format!("--count={REQUESTS}")],
+        cluster,
+        caller,
+        &[url.to_owned(), format!("--count={REQUESTS}")],
     )
     .await?;
-    let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{NS}/sa/caller");
     // Served by -> the identities it saw.
     let mut seen: BTreeMap<&str, Vec<Option<String>>> = BTreeMap::new();
     for exchange in &exchanges {
         if exchange.status != Some(200) {
-            bail!("a request failed: {exchange:?}");
+            bail!("{url}: a request failed: {exchange:?}");
         }
         let body = &exchange.body;
         let by = if body.service_port == HOST_PORT.to_string() {
@@ -106,20 +125,20 @@ async fn meshed_opted_out_and_host_network_endpoints_of_one_service_all_answer()
     }
     if exchanges.len() != REQUESTS || seen.len() != 3 {
         bail!(
-            "{} answers of {REQUESTS}, not from all three pods: {seen:?}",
+            "{url}: {} answers of {REQUESTS}, not from all three pods: {seen:?}",
             exchanges.len()
         );
     }
     for (pod, identities) in &seen {
-        let want = (*pod == "meshed").then_some(identity.as_str());
+        let want = (*pod == "meshed").then_some(identity);
         if identities.iter().any(|i| i.as_deref() != want) {
-            bail!("pod {pod} saw callers {identities:?}, expected {want:?} on every request");
+            bail!(
+                "{url}: pod {pod} saw callers {identities:?}, expected {want:?} on every request"
+            );
         }
     }
     eprintln!(
-        "{REQUESTS} requests, none failed: the meshed pod saw {identity} on each, the opted-out and hostNetwork pods plain requests ({seen:?})"
+        "{url}: {REQUESTS} requests, none failed: the meshed pod saw {identity} on each, the opted-out and hostNetwork pods plain requests ({seen:?})"
     );
-    cluster.delete_namespaces(&[NS])?;
-    uninstall(&cluster).await?;
     Ok(())
 }

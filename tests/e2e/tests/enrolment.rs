@@ -1,7 +1,7 @@
 //! Labelling a namespace meshes its running pods with no restart, unlabelling takes them out,
 //! and a reinstall of aether meshes them again:
 //! - under a steady stream from a pod on one node to a route target served on the other
-//!   (echo-v2, with a route of its own: only route targets are captured), the
+//!   (echo-v2, with a route of its own), the
 //!   namespace is labelled `aether.io/managed=true`: within 5 s the backend sees the caller's
 //!   SPIFFE ID (new connections are mTLS); the label removed, within 5 s requests arrive
 //!   direct again; no request fails and no pod restarts;
