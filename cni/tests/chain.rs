@@ -5,7 +5,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use aether_cni::nft::{self, Families, Nft, PROXY_SOCKET_MARK, TableSpec};
+use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::StrictPlan;
 use common::proxy::{ProxyState, TestProxy};
 use common::sockets::{accept_within, connect_from, listen_in, original_dst};
@@ -60,7 +60,10 @@ fn meshed_pod_route_target_connections_land_on_the_capture_listener() {
         assert_eq!(netns, pod.netns.path());
     }
     let rules = ruleset(&pod.netns);
-    assert!(rules.contains("meta mark 0x0ae70000 return"), "{rules}");
+    assert!(
+        !rules.contains("mark"),
+        "no socket is exempt from capture: {rules}"
+    );
     assert!(
         rules.contains("ip daddr . tcp dport @capture4 redirect to :15001"),
         "{rules}"
@@ -86,15 +89,14 @@ fn meshed_pod_route_target_connections_land_on_the_capture_listener() {
     let other_port = accept_within(&node_8080).expect("another port must reach the node");
     assert_eq!(other_port.local_addr().unwrap(), addr("10.96.0.10:8080"));
 
-    // The proxy's own sockets carry the mark and are never captured, even to a route target.
-    let _proxy_socket = connect_from(
-        pod.netns.path(),
-        addr("10.96.0.10:80"),
-        Some(PROXY_SOCKET_MARK),
-    )
-    .unwrap();
-    let exempt = accept_within(&node_80).expect("a proxy-marked connection must not be captured");
-    assert_eq!(exempt.local_addr().unwrap(), addr("10.96.0.10:80"));
+    // No socket mark exempts a connection: an app with CAP_NET_RAW can set any (here the mark
+    // that exempted the proxy's sockets in earlier versions, and all bits).
+    for mark in [0x0ae7_0000, u32::MAX] {
+        let _app = connect_from(pod.netns.path(), addr("10.96.0.10:80"), Some(mark)).unwrap();
+        let captured = accept_within(&capture)
+            .unwrap_or_else(|| panic!("a connection marked {mark:#x} was not captured"));
+        assert_eq!(original_dst(&captured), addr("10.96.0.10:80"));
+    }
 
     node.del(&pod, &prev).ok();
 }

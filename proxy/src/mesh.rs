@@ -73,6 +73,8 @@ pub struct Snapshot {
     pub capture: CaptureSet,
     /// Route target of each captured ClusterIP:port.
     pub captured: HashMap<SocketAddr, ServiceKey>,
+    /// The Service behind every ClusterIP:port the watch has delivered.
+    pub addresses: HashMap<SocketAddr, ServiceKey>,
     pub targets: HashMap<ServiceKey, Arc<Target>>,
     /// SPIFFE IDs each backend Service may present.
     pub identities: HashMap<ServiceKey, BTreeSet<String>>,
@@ -101,6 +103,7 @@ impl Snapshot {
         let mut snapshot = Snapshot {
             generation: inputs.node_config.map(|(g, _)| g),
             served: served(inputs.slices),
+            addresses: service_addresses(inputs.services),
             ..Snapshot::default()
         };
         // No NodeConfig (deleted, or not written yet while the operator is down) is not an
@@ -115,7 +118,6 @@ impl Snapshot {
             snapshot.services = services(inputs, &snapshot.meshed);
             return snapshot;
         };
-        let by_address = service_addresses(inputs.services);
         let mut targets = Vec::new();
         for entry in &spec.capture_addresses {
             let Ok(addr) = entry.parse::<SocketAddr>() else {
@@ -125,9 +127,9 @@ impl Snapshot {
                 continue;
             };
             targets.push(addr);
-            // A Service this proxy's watch has not delivered yet is captured but passes
-            // through until it has.
-            if let Some(key) = by_address.get(&addr) {
+            // A Service this proxy's watch has not delivered yet is captured; its connections
+            // wait a little for it, then are refused.
+            if let Some(key) = snapshot.addresses.get(&addr) {
                 snapshot.captured.insert(addr, key.clone());
             }
         }
@@ -202,8 +204,6 @@ impl Snapshot {
     }
 }
 
-/// Ready endpoints per Service port, matching Service ports to EndpointSlice ports by name as
-/// the EndpointSlice controller does.
 /// The Service behind each ClusterIP:port.
 fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKey> {
     let mut out = HashMap::new();

@@ -169,7 +169,7 @@ impl Metrics {
         );
         registry.register(
             "outbound_refused",
-            "Captured connections to route targets refused rather than sent in plaintext, by reason (no_table: the node's config lacks the target's table; unknown_service: the Service is not in the proxy's watch yet)",
+            "Captured connections to route targets refused rather than sent in plaintext, by reason (no_table: the node's config lacks the target's table; unknown_service: the Service is not in the proxy's watch yet; not_captured: the pod's table captured an address that is no longer captured, nor any known Service's)",
             outbound_refused.clone(),
         );
         registry.register(

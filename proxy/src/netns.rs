@@ -17,7 +17,6 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpLi
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use aether_cni::nft::PROXY_SOCKET_MARK;
 use nix::errno::Errno;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{
@@ -67,9 +66,9 @@ pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, NetnsErr
     Ok(TcpListener::from(fd))
 }
 
-/// A TCP connection to `to` from inside the network namespace at `netns`, marked with
-/// [`PROXY_SOCKET_MARK`] so that the pod's capture table lets it through instead of
-/// redirecting it back to the proxy. Must be called within a tokio runtime. Creating the socket
+/// A TCP connection to `to` from inside the network namespace at `netns`. The pod's capture
+/// table applies to it as to the app's own: `to` must not be a captured address. Must be
+/// called within a tokio runtime. Creating the socket
 /// holds the calling worker for one short thread's life (see the module's comment); the connect
 /// itself is asynchronous.
 pub async fn connect_from(
@@ -82,9 +81,6 @@ pub async fn connect_from(
         source,
     };
     let fd = in_netns(netns, || new_socket(to))?.map_err(connect_error)?;
-    // The mark is per socket, so it can be set outside the namespace too; it needs
-    // CAP_NET_ADMIN, which the proxy has.
-    setsockopt(&fd, sockopt::Mark, &PROXY_SOCKET_MARK).map_err(|e| connect_error(e.into()))?;
     let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
     socket.connect(to).await.map_err(connect_error)
 }

@@ -5,7 +5,7 @@
 #   - the pod sandbox (pause), from build/pause of the Kubernetes module;
 #   - CoreDNS, from the program build.sh builds;
 #   - the conformance echo app, Istio's echo server and client as build.sh builds them;
-#   - the node shell the tests exec into to look at a node.
+#   - the node shell the tests exec into to look at a node, or to play an attacker's pod.
 # An image whose inputs did not change is not built again (ARCHIVE.inputs records them).
 set -euo pipefail
 
@@ -52,5 +52,7 @@ istio="$(cd "$here/istio-echo" && go list -m -f '{{.Dir}}' istio.io/istio)"
 image "$ECHO_IMAGE" echo "$here/images/echo.Containerfile" /bin/busybox \
     "$AETHER_BIN/istio-echo/client" "$AETHER_BIN/istio-echo/server" \
     "$istio/tests/testdata/certs/cert.crt" "$istio/tests/testdata/certs/cert.key"
-image "$NODE_SHELL_IMAGE" node-shell "$here/images/node-shell.Containerfile" /bin/busybox
+gcc -Os -Wall -Werror -static -o "$work/marked-get" "$here/images/marked-get.c"
+image "$NODE_SHELL_IMAGE" node-shell "$here/images/node-shell.Containerfile" /bin/busybox \
+    "$work/marked-get"
 log "done"

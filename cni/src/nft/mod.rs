@@ -6,7 +6,6 @@
 //!     set capture6 { type ipv6_addr . inet_service; }     # pods with an IPv6 address
 //!     chain output {
 //!         type nat hook output priority -100; policy accept;
-//!         meta mark 0x0ae70000 return                      # the proxy's own sockets
 //!         ip daddr . tcp dport @capture4 redirect to :15001
 //!         ip6 daddr . tcp dport @capture6 redirect to :15001
 //!     }
@@ -43,8 +42,8 @@ mod verify;
 
 pub use exec::{Nft, NftError};
 pub use ruleset::{
-    CHAIN, Families, Family, PROXY_SOCKET_MARK, RuleKind, STRICT_CHAIN, Strict, TABLE, TableSpec,
-    create_batch, delete_batch, install_batch, replace_elements_batch,
+    CHAIN, Families, Family, RuleKind, STRICT_CHAIN, Strict, TABLE, TableSpec, create_batch,
+    delete_batch, install_batch, replace_elements_batch,
 };
 pub use verify::{Drift, diff, our_objects};
 

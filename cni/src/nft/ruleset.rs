@@ -15,14 +15,13 @@ use nftables::stmt::{Match, NAT, Operator, Reject, RejectType, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 pub const TABLE: &str = "aether";
+/// The capture chain, on the pod's outgoing packets. It exempts no socket, not even the node
+/// proxy's: any exemption an app could not forge would need the socket's cgroup, and a socket
+/// mark is forged with CAP_NET_RAW (a default container capability; SO_MARK needs no more
+/// since Linux 5.17). Instead the proxy never connects, from a pod, to a captured address.
 pub const CHAIN: &str = "output";
 /// The chain of strict mTLS mode, on the pod's incoming packets.
 pub const STRICT_CHAIN: &str = "input";
-/// The socket mark the node proxy sets (SO_MARK) on every socket it opens in a pod's netns, so
-/// its own connections are never captured. Matched exactly. A mark set inside the pod's netns is
-/// cleared when the packet leaves it through the veth, so no other netns ever sees it. An app
-/// could only forge it with CAP_NET_ADMIN, which would also let it delete the table.
-pub const PROXY_SOCKET_MARK: u32 = 0x0ae7_0000;
 /// NF_IP_PRI_NAT_DST, where `nft` puts `type nat hook output` chains by default.
 const DSTNAT_PRIORITY: i32 = -100;
 
@@ -124,8 +123,6 @@ pub struct Strict {
 /// The rules of the table's chains, in order: the output chain's, then strict mode's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuleKind {
-    /// `meta mark 0x0ae70000 return`: the proxy's own sockets pass untouched.
-    ProxyExempt,
     /// `ip daddr . tcp dport @capture4 redirect to :PORT` (and `ip6 … @capture6`). The `tcp
     /// dport` match implies `meta l4proto tcp`, which is how `nft` lists it back.
     Capture(Family),
@@ -144,9 +141,7 @@ pub enum RuleKind {
 impl RuleKind {
     /// The output chain's rules.
     pub fn all(spec: &TableSpec) -> Vec<RuleKind> {
-        std::iter::once(RuleKind::ProxyExempt)
-            .chain(spec.families.iter().map(RuleKind::Capture))
-            .collect()
+        spec.families.iter().map(RuleKind::Capture).collect()
     }
 
     /// Strict mode's chain's rules; none without strict mode.
@@ -167,21 +162,13 @@ impl RuleKind {
 
     pub fn chain(self) -> &'static str {
         match self {
-            RuleKind::ProxyExempt | RuleKind::Capture(_) => CHAIN,
+            RuleKind::Capture(_) => CHAIN,
             _ => STRICT_CHAIN,
         }
     }
 
     pub fn statements(self, spec: &TableSpec) -> Vec<Statement<'static>> {
         match self {
-            RuleKind::ProxyExempt => vec![
-                Statement::Match(Match {
-                    left: Expression::Named(NamedExpression::Meta(Meta { key: MetaKey::Mark })),
-                    right: Expression::Number(PROXY_SOCKET_MARK),
-                    op: Operator::EQ,
-                }),
-                Statement::Return(None),
-            ],
             RuleKind::Capture(family) => vec![
                 Statement::Match(Match {
                     left: Expression::Named(NamedExpression::Concat(vec![
@@ -246,7 +233,6 @@ impl RuleKind {
     /// The rule in `nft` syntax, for messages.
     pub fn describe(self, spec: &TableSpec) -> String {
         match self {
-            RuleKind::ProxyExempt => format!("meta mark {PROXY_SOCKET_MARK:#010x} return"),
             RuleKind::Capture(family) => format!(
                 "{} daddr . tcp dport @{} redirect to :{}",
                 family.protocol(),
@@ -561,7 +547,6 @@ mod tests {
                 "add chain",
                 "add rule",
                 "add rule",
-                "add rule",
                 "add element",
                 "add element"
             ]
@@ -600,11 +585,7 @@ mod tests {
             .filter_map(|c| c["add"].get("rule"))
             .collect();
         assert_eq!(
-            rules[0]["expr"],
-            json!([{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 0x0ae7_0000}}, {"return": null}])
-        );
-        assert_eq!(
-            rules[2]["expr"],
+            rules[1]["expr"],
             json!([
                 {"match": {"op": "==", "left": {"concat": [
                     {"payload": {"protocol": "ip6", "field": "daddr"}},
@@ -618,7 +599,6 @@ mod tests {
                 .map(|k| k.describe(&DUAL))
                 .collect::<Vec<_>>(),
             [
-                "meta mark 0x0ae70000 return",
                 "ip daddr . tcp dport @capture4 redirect to :15001",
                 "ip6 daddr . tcp dport @capture6 redirect to :15001",
             ]

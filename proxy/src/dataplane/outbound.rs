@@ -70,44 +70,47 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
     let Some(mesh) = plane.mesh.clone() else {
         return pass_through(&plane, stream, peer, &pod, original).await;
     };
-    match routed_target(&mesh, original).await {
-        Captured::Routed(target) => {
-            plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-            let protocol = match mesh.snapshot.load().protocol(&target, original.port()) {
-                PortProtocol::Detect => detect(&stream).await,
-                declared => declared,
-            };
-            let conn = Connection {
-                clients: plane.clients(&pod.netns),
-                plane: plane.clone(),
-                mesh,
-                pod,
-                source: OnceLock::new(),
-                target_label: target.to_string().into(),
-                target,
-                port: original.port(),
-            };
-            if protocol == PortProtocol::Http {
-                serve_http(conn, stream).await;
-            } else {
-                conn.serve_opaque(stream).await;
-            }
-        }
-        Captured::Unrouted => pass_through(&plane, stream, peer, &pod, original).await,
+    let (target, routed) = match routed_target(&mesh, original).await {
+        Captured::Routed(target) => (target, true),
+        Captured::Released(target) => (target, false),
         Captured::Refused { reason, message } => {
             plane.stats.failed.fetch_add(1, Ordering::Relaxed);
             mesh.metrics.outbound_refused(reason);
             warn!(pod = %pod.pod, %peer, %original, reason, "{message}; refusing the connection rather than sending it in plaintext");
-            serve_refusal(stream, message).await;
+            return serve_refusal(stream, message).await;
         }
+    };
+    plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+    // Routes are HTTP, and a released Service has none: its bytes are not parsed.
+    let protocol = match mesh.snapshot.load().protocol(&target, original.port()) {
+        _ if !routed => PortProtocol::Opaque,
+        PortProtocol::Detect => detect(&stream).await,
+        declared => declared,
+    };
+    let conn = Connection {
+        clients: plane.clients(&pod.netns),
+        plane: plane.clone(),
+        mesh,
+        pod,
+        source: OnceLock::new(),
+        target_label: target.to_string().into(),
+        target,
+        port: original.port(),
+    };
+    if protocol == PortProtocol::Http {
+        serve_http(conn, stream).await;
+    } else {
+        conn.serve_opaque(stream).await;
     }
 }
 
 /// What becomes of a captured connection.
 enum Captured {
     Routed(ServiceKey),
-    /// Not a route target (any more): passed through.
-    Unrouted,
+    /// A Service no longer in the capture set, which the pod's table still held: carried as
+    /// bytes to the Service's own endpoints, as kube-proxy would have (the proxy cannot
+    /// connect to the ClusterIP itself: the table would capture it again).
+    Released(ServiceKey),
     /// A route target the proxy cannot route: fails closed.
     Refused {
         reason: &'static str,
@@ -131,7 +134,15 @@ async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Captured {
                 mesh.demand.want(key);
                 wanted = true;
             }
-            None if !snapshot.capture.targets.contains(&original) => return Captured::Unrouted,
+            None if !snapshot.capture.targets.contains(&original) => {
+                return match snapshot.addresses.get(&original) {
+                    Some(key) => Captured::Released(key.clone()),
+                    None => Captured::Refused {
+                        reason: "not_captured",
+                        message: format!("{original} is no longer captured, nor a known Service"),
+                    },
+                };
+            }
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {
@@ -202,7 +213,8 @@ impl DataPlane {
     }
 }
 
-/// TCP to the original destination, from the pod's namespace with the proxy's mark.
+/// Without a cluster (`--capture-set`): TCP to the original destination from the node, the
+/// proxy's own network namespace. From the pod's, the table would capture it again.
 async fn pass_through(
     plane: &DataPlane,
     mut inbound: TcpStream,
@@ -210,8 +222,7 @@ async fn pass_through(
     pod: &PodInfo,
     to: SocketAddr,
 ) {
-    let connected =
-        tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&pod.netns, to)).await;
+    let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(to)).await;
     let mut outbound = match connected {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return plane.refuse(pod, peer, e.to_string()),

@@ -61,11 +61,13 @@ pub struct TestProxy {
 }
 
 impl TestProxy {
-    /// Starts a proxy whose socket and state live in `dir`.
-    pub fn start(dir: &Path, capture: CaptureSet) -> Self {
+    /// Starts a proxy whose socket and state live in `dir`, on the node whose network
+    /// namespace is `node` (the test's own when `None`), as a node proxy runs in its node's.
+    pub fn start(dir: &Path, capture: CaptureSet, node: Option<&Path>) -> Self {
         Self::start_with(
             dir,
             capture,
+            node,
             ConnectionLimits {
                 per_listener: 4096,
                 per_node: 65536,
@@ -74,12 +76,25 @@ impl TestProxy {
     }
 
     /// [`TestProxy::start`] with these connection limits.
-    pub fn start_with(dir: &Path, capture: CaptureSet, limits: ConnectionLimits) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+    pub fn start_with(
+        dir: &Path,
+        capture: CaptureSet,
+        node: Option<&Path>,
+        limits: ConnectionLimits,
+    ) -> Self {
+        // Threads start in their creator's network namespace: the runtime's workers are
+        // created in the node's by a thread that joined it.
+        let build = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let runtime = match node {
+            Some(netns) => super::in_netns(netns, build),
+            None => build(),
+        };
         let config = AgentConfig {
             state_dir: dir.join("state"),
             capture_port: CAPTURE_PORT,
@@ -98,7 +113,7 @@ impl TestProxy {
             )
             .unwrap(),
         );
-        let socket = dir.join("run/cni.sock");
+        let socket = Self::socket_in(dir);
         let bound = {
             let _runtime = runtime.enter();
             cni_server::bind(&socket).unwrap()
@@ -118,6 +133,11 @@ impl TestProxy {
 
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The CNI socket of a proxy started with `dir`.
+    pub fn socket_in(dir: &Path) -> PathBuf {
+        dir.join("run/cni.sock")
     }
 
     /// Waits up to 3 s for the forward counters to satisfy `done` (the proxy counts a

@@ -13,7 +13,8 @@ use serde_json::Value;
 use crate::Cluster;
 
 pub const NAMESPACE: &str = "aether-e2e-nodes";
-const IMAGE: &str = "localhost/aether-test/node-shell:1";
+/// The node shell image (tests/cluster/images/node-shell.Containerfile).
+pub const NODE_SHELL_IMAGE: &str = "localhost/aether-test/node-shell:1";
 
 fn manifest() -> String {
     format!(
@@ -23,7 +24,7 @@ fn manifest() -> String {
          \x20   metadata: {{labels: {{app: node-shell}}}}\n    spec:\n\
          \x20     hostNetwork: true\n      terminationGracePeriodSeconds: 0\n\
          \x20     tolerations: [{{operator: Exists}}]\n      containers:\n      - name: shell\n\
-         \x20       image: {IMAGE}\n\
+         \x20       image: {NODE_SHELL_IMAGE}\n\
          \x20       command: [sh, -c, \"trap 'exit 0' TERM; while :; do sleep 3600 & wait; done\"]\n\
          \x20       securityContext: {{privileged: true}}\n\
          \x20       volumeMounts: [{{name: host, mountPath: /host, mountPropagation: Bidirectional}}]\n\

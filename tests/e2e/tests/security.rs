@@ -19,6 +19,11 @@
 //! never reaches that port (its own proxy refuses the victim's identity for its Service; the
 //! victim's proxy would refuse the port); the victim's server bound to its pod address only is
 //! reached through the mesh.
+//!
+//! An app leaving capture by itself: a root pod with the default capabilities (CAP_NET_RAW
+//! lets it set SO_MARK) marks its socket with the mark that once exempted the proxy's own, and
+//! with every bit set, and calls a meshed Service: each request still arrives over mTLS, with
+//! the caller's identity.
 
 use aether_crds::NodeConfig;
 use std::time::Duration;
@@ -27,11 +32,12 @@ use aether_e2e::mesh::{
     Accounts, ECHO_IMAGE, MESH_NS, PROXY_PODS, TRUST_DOMAIN, client_pod, install, mesh_workloads,
     uninstall, unmesh_workloads, wait_accepted, wait_nodes_applied,
 };
+use aether_e2e::node::NODE_SHELL_IMAGE;
 use aether_e2e::stream::apply_split;
 use aether_e2e::{Cluster, echo};
 use aether_test_support::cases::RouteRef;
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -108,6 +114,7 @@ async fn attacks_are_contained() -> Result<()> {
     oversized_heads_get_431(&cluster).await?;
     a_forged_identity_header_is_replaced(&cluster).await?;
     a_pods_own_ports_stay_its_own(&cluster).await?;
+    a_socket_mark_does_not_escape_capture(&cluster).await?;
     uninstall(&cluster).await.context("uninstalling aether")?;
     unmesh_workloads(&cluster)?;
     Ok(())
@@ -378,5 +385,64 @@ async fn a_pods_own_ports_stay_its_own(cluster: &Cluster) -> Result<()> {
         "a server bound to its pod address only is reached through the mesh, with the caller's identity"
     );
     cluster.delete_namespaces(&[VICTIM, TENANT])?;
+    Ok(())
+}
+
+async fn a_socket_mark_does_not_escape_capture(cluster: &Cluster) -> Result<()> {
+    const NS: &str = "e2e-security-mark";
+    cluster.delete_namespaces(&[NS])?;
+    cluster.apply_text(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}, labels: {{aether.io/managed: \"true\"}}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: marker, namespace: {NS}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: backend, namespace: {NS}, labels: {{app: backend}}}}\n\
+         spec:\n  containers:\n  - name: echo\n    image: \"{ECHO_IMAGE}\"\n\
+         \x20   args: [--port=8080]\n\
+         \x20   env: [{{name: INSTANCE_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: backend, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: backend}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: marker, namespace: {NS}}}\n\
+         spec:\n  serviceAccountName: marker\n  containers:\n\
+         \x20 - {{name: shell, image: \"{NODE_SHELL_IMAGE}\", command: [sleep, \"86400\"]}}\n"
+    ))?;
+    let pods = cluster.wait_ready(NS, 2, Duration::from_secs(60)).await?;
+    let marker = pods
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some("marker"))
+        .context("no marker pod")?;
+    let services: Api<Service> = Api::namespaced(cluster.client.clone(), NS);
+    let ip = services
+        .get("backend")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("Service backend has no ClusterIP")?;
+    let caller = format!("spiffe://{TRUST_DOMAIN}/ns/{NS}/sa/marker");
+    // The Service is captured once the operator has seen its meshed endpoint.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for mark in ["0", "0x0ae70000", "0xffffffff"] {
+        loop {
+            let output = cluster.exec(&marker, "shell", &["marked-get", mark, &ip, "80", "/"])?;
+            let reply = String::from_utf8_lossy(&output.stdout);
+            let identity = reply
+                .lines()
+                .filter_map(|line| line.strip_prefix("RequestHeader=")?.split_once(':'))
+                .find(|(name, _)| name.eq_ignore_ascii_case(echo::IDENTITY_HEADER))
+                .map(|(_, value)| value.to_string());
+            if identity.as_deref() == Some(caller.as_str()) {
+                eprintln!("a request from a socket marked {mark} arrived over mTLS as {caller}");
+                break;
+            }
+            // Only the unmarked control may wait for capture; once it is captured, a marked
+            // request that arrives without mTLS has left capture.
+            if mark != "0" || tokio::time::Instant::now() > deadline {
+                bail!(
+                    "a request from a socket marked {mark} arrived without the mesh (identity {identity:?}): {reply}{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    cluster.delete_namespaces(&[NS])?;
     Ok(())
 }
