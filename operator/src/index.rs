@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aether_crds::well_known::{CAPTURE_ANNOTATION, DEPENDS_ON_ANNOTATION, MANAGED_LABEL};
+use aether_crds::well_known::{DEPENDS_ON_ANNOTATION, namespace_is_managed, pod_is_meshed};
 use aether_crds::{NodeConfig, RouteTarget};
 use aether_routing::{RouteSource, ServiceInfo, ServiceKind, ServicePort};
 use gateway_api::grpcroutes::GrpcRoute;
@@ -221,8 +221,7 @@ impl Index {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(MANAGED_LABEL))
-            .is_some_and(|v| v == "true");
+            .is_some_and(namespace_is_managed);
         if managed {
             self.managed_namespaces.insert(name);
         }
@@ -232,9 +231,6 @@ impl Index {
     pub fn add_pod(&mut self, pod: &Pod) {
         let (namespace, name) = ns_name(&pod.metadata);
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        let opted_out = annotations
-            .get(CAPTURE_ANNOTATION)
-            .is_some_and(|v| v == "disabled");
         let host_network = pod
             .spec
             .as_ref()
@@ -261,7 +257,11 @@ impl Index {
                 .and_then(|s| s.service_account_name.clone())
                 .unwrap_or_else(|| "default".into()),
             labels: pod.metadata.labels.clone().unwrap_or_default(),
-            meshed: self.managed_namespaces.contains(&namespace) && !opted_out && !host_network,
+            meshed: pod_is_meshed(
+                self.managed_namespaces.contains(&namespace),
+                &annotations,
+                host_network,
+            ),
             depends_on,
             terminating: pod.metadata.deletion_timestamp.is_some(),
             ips: pod

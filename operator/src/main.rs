@@ -75,7 +75,8 @@ async fn main() -> Result<()> {
         svid_ttl: std::time::Duration::from_secs(args.svid_ttl_seconds),
         ..CaConfig::default()
     };
-    let ca = ca::start(client.clone(), ca_config)
+    let (leading_tx, leading) = watch::channel(false);
+    let ca = ca::start(client.clone(), ca_config, leading.clone())
         .await
         .context("starting the certificate authority")?;
 
@@ -87,7 +88,6 @@ async fn main() -> Result<()> {
     tracing::info!(addr = %args.metrics_addr, "serving /healthz, /readyz and /metrics");
     let scraped = metrics.clone();
     let admin = tokio::spawn(aether_admin::serve(admin, move || scraped.text(), ready));
-    let (leading_tx, leading) = watch::channel(false);
     let election = tokio::spawn(leader::elect(
         client.clone(),
         args.namespace.clone(),

@@ -26,7 +26,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, watch};
 use tokio_rustls::TlsConnector;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -52,7 +52,19 @@ async fn cluster() -> Result<Cluster> {
     RBAC.get_or_try_init(|| async {
         // Another test binary may have created it already.
         let _ = cluster.kubectl(&["create", "namespace", INSTALL]);
-        cluster.apply_text(&cluster.chart_template(INSTALL, "templates/operator-rbac.yaml")?)
+        cluster.apply_text(&cluster.chart_template(INSTALL, "templates/operator-rbac.yaml")?)?;
+        // The chart lets the operator read one Secret, `aether-ca`. Each test's CA has a root
+        // Secret of its own name so that the tests run side by side: reading those is granted
+        // here, for the tests alone.
+        cluster.apply_text(&format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n\
+             metadata: {{name: aether-ca-tests, namespace: {INSTALL}}}\n\
+             rules: [{{apiGroups: [\"\"], resources: [secrets], verbs: [get]}}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+             metadata: {{name: aether-ca-tests, namespace: {INSTALL}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: aether-ca-tests}}\n\
+             subjects: [{{kind: ServiceAccount, name: aether-operator, namespace: {INSTALL}}}]\n"
+        ))
     })
     .await?;
     Ok(cluster)
@@ -128,17 +140,35 @@ fn cleanup_for(cluster: &Cluster, config: &CaConfig, namespace: Option<&str>) ->
 }
 
 /// The CA as the operator runs it: with the operator ServiceAccount's token, not as admin.
+/// As the leader: it publishes the trust bundle.
 async fn start_ca(cluster: &Cluster, config: CaConfig) -> Result<RunningCa> {
-    let client = cluster.client_as(INSTALL, "aether-operator").await?;
-    Ok(ca::start(client, config).await?)
+    start_replica(cluster, config, watch::channel(true).1).await
 }
 
-async fn published_bundle(cluster: &Cluster, config: &CaConfig) -> Result<String> {
+async fn start_replica(
+    cluster: &Cluster,
+    config: CaConfig,
+    leading: watch::Receiver<bool>,
+) -> Result<RunningCa> {
+    let client = cluster.client_as(INSTALL, "aether-operator").await?;
+    Ok(ca::start(client, config, leading).await?)
+}
+
+async fn bundle_config_map(cluster: &Cluster, config: &CaConfig) -> Result<Option<String>> {
     let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), INSTALL);
-    let cm = api.get(&config.bundle_config_map).await?;
-    cm.data
-        .and_then(|d| d.get("ca.crt").cloned())
-        .context("trust-bundle ConfigMap has no ca.crt")
+    Ok(api
+        .get_opt(&config.bundle_config_map)
+        .await?
+        .and_then(|cm| cm.data)
+        .and_then(|d| d.get("ca.crt").cloned()))
+}
+
+/// The published bundle once it is `expected` (the leader publishes it just after it starts).
+async fn published_bundle(cluster: &Cluster, config: &CaConfig, expected: &str) -> Result<()> {
+    eventually("the trust bundle to be published", || async {
+        Ok((bundle_config_map(cluster, config).await?.as_deref() == Some(expected)).then_some(()))
+    })
+    .await
 }
 
 /// Polls `check` every 200 ms for up to 30 s.
@@ -422,6 +452,7 @@ async fn svids_only_for_the_proxy_and_workloads_on_its_node() -> Result<()> {
     let client = cluster.client.clone();
 
     cluster.kubectl(&["create", "namespace", &ns])?;
+    cluster.kubectl(&["label", "namespace", &ns, "aether.io/managed=true"])?;
     for sa in ["aether-proxy", "on-node-1", "on-node-2"] {
         create_service_account(&client, &ns, sa).await?;
     }
@@ -431,7 +462,7 @@ async fn svids_only_for_the_proxy_and_workloads_on_its_node() -> Result<()> {
 
     let running = start_ca(&cluster, config.clone()).await?;
     let (addr, bundle) = (running.local_addr(), running.trust_bundle_pem());
-    assert_eq!(published_bundle(&cluster, &config).await?, bundle);
+    published_bundle(&cluster, &config, &bundle).await?;
 
     let proxy_token = pod_token(&client, &ns, "aether-proxy", &proxy_pod, "aether").await?;
     let (key, csr) = greedy_csr()?;
@@ -479,6 +510,21 @@ async fn svids_only_for_the_proxy_and_workloads_on_its_node() -> Result<()> {
         (StatusCode::FORBIDDEN, Some("NoPodOnNode")),
         "{body}"
     );
+
+    // The same ServiceAccount once its namespace has left the mesh: no SVID, whatever pods
+    // it has.
+    cluster.kubectl(&["label", "namespace", &ns, "aether.io/managed-"])?;
+    let (status, body) = post(
+        Some(proxy_token.clone()),
+        svid_request(&ns, "on-node-1", &csr),
+    )
+    .await?;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("NamespaceNotManaged")),
+        "{body}"
+    );
+    cluster.kubectl(&["label", "namespace", &ns, "aether.io/managed=true"])?;
 
     // A ServiceAccount that does not exist at all.
     let (status, _) = post(Some(proxy_token.clone()), svid_request(&ns, "nobody", &csr)).await?;
@@ -606,7 +652,7 @@ async fn racing_starts_agree_and_a_restart_reuses_the_root() -> Result<()> {
     let bundle = a.trust_bundle_pem();
     assert_eq!(b.trust_bundle_pem(), bundle);
     assert_eq!(certs(&bundle)?.len(), 1);
-    assert_eq!(published_bundle(&cluster, &config).await?, bundle);
+    published_bundle(&cluster, &config, &bundle).await?;
 
     let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), INSTALL);
     let secret = secrets.get(&config.secret_name).await?;
@@ -648,6 +694,95 @@ async fn racing_starts_agree_and_a_restart_reuses_the_root() -> Result<()> {
         secret.metadata.resource_version
     );
     again.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_bogus_tokens_is_limited_per_source() -> Result<()> {
+    let cluster = cluster().await?;
+    let id = unique("flood");
+    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let _cleanup = cleanup_for(&cluster, &config, None);
+    let running = start_ca(&cluster, config.clone()).await?;
+    let (addr, bundle) = (running.local_addr(), running.trust_bundle_pem());
+    let (_, csr) = greedy_csr()?;
+    let request = svid_request(INSTALL, "default", &csr);
+
+    const FLOOD: u32 = 150;
+    let started = std::time::Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..FLOOD {
+        let (bundle, request) = (bundle.clone(), request.clone());
+        flood.spawn(async move {
+            call(
+                addr,
+                &bundle,
+                Method::POST,
+                "/v1/svid",
+                Some("bogus"),
+                Some(&request),
+            )
+            .await
+            .map(|(status, _)| status)
+        });
+    }
+    let (mut reviewed, mut limited) = (0u32, 0u32);
+    while let Some(status) = flood.join_next().await {
+        match status?? {
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            StatusCode::FORBIDDEN => reviewed += 1,
+            other => bail!("a bogus token got {other}"),
+        }
+    }
+    // Only the burst and what the rate refilled meanwhile reached the API server.
+    let allowed = ca::limit::BURST + ca::limit::RATE * started.elapsed().as_secs_f64();
+    ensure!(
+        f64::from(reviewed) <= allowed.ceil(),
+        "{reviewed} of {FLOOD} bogus requests were reviewed, more than {allowed:.0}"
+    );
+    ensure!(
+        limited + reviewed == FLOOD,
+        "{limited} limited + {reviewed} reviewed"
+    );
+    eprintln!("{FLOOD} bogus requests: {reviewed} reviewed, {limited} refused with 429");
+    // The allowance comes back at the rate.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, body) = call(
+        addr,
+        &bundle,
+        Method::POST,
+        "/v1/svid",
+        Some("bogus"),
+        Some(&request),
+    )
+    .await?;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("TokenRejected")),
+        "{body}"
+    );
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_leader_publishes_the_bundle() -> Result<()> {
+    let cluster = cluster().await?;
+    let id = unique("leader");
+    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let _cleanup = cleanup_for(&cluster, &config, None);
+
+    let (leading, follower) = watch::channel(false);
+    let running = start_replica(&cluster, config.clone(), follower).await?;
+    tokio::time::sleep(config.reload_interval * 4).await;
+    assert_eq!(
+        bundle_config_map(&cluster, &config).await?,
+        None,
+        "a replica that does not lead published the bundle"
+    );
+    leading.send_replace(true);
+    published_bundle(&cluster, &config, &running.trust_bundle_pem()).await?;
+    running.shutdown().await;
     Ok(())
 }
 
@@ -698,7 +833,7 @@ async fn a_user_supplied_root_is_used_as_is_and_rotation_is_followed() -> Result
         certs(&bundle)?,
         [certs(&current_cert)?, certs(&next_cert)?].concat()
     );
-    assert_eq!(published_bundle(&cluster, &config).await?, bundle);
+    published_bundle(&cluster, &config, &bundle).await?;
     // The endpoint's certificate is signed by the user's root: trusting only it suffices.
     call(
         running.local_addr(),
@@ -728,7 +863,10 @@ async fn a_user_supplied_root_is_used_as_is_and_rotation_is_followed() -> Result
         .await?;
     let expected = [certs(&next_cert)?, certs(&current_cert)?].concat();
     eventually("the ConfigMap to carry the rotated bundle", || async {
-        Ok((certs(&published_bundle(&cluster, &config).await?)? == expected).then_some(()))
+        let published = bundle_config_map(&cluster, &config)
+            .await?
+            .unwrap_or_default();
+        Ok((certs(&published)? == expected).then_some(()))
     })
     .await?;
     assert_eq!(certs(&running.trust_bundle_pem())?, expected);
@@ -755,9 +893,13 @@ async fn a_user_supplied_root_is_used_as_is_and_rotation_is_followed() -> Result
         .await?;
     tokio::time::sleep(config.reload_interval * 3).await;
     assert_eq!(certs(&running.trust_bundle_pem())?, expected);
+    let published = bundle_config_map(&cluster, &config)
+        .await?
+        .unwrap_or_default();
     assert_eq!(
-        certs(&published_bundle(&cluster, &config).await?)?,
-        expected
+        certs(&published)?,
+        expected,
+        "an unusable Secret republished nothing"
     );
     running.shutdown().await;
     Ok(())

@@ -77,6 +77,8 @@ pub enum ApiError {
     Csr(#[from] CsrError),
     #[error(transparent)]
     Denied(#[from] Denial),
+    #[error("too many SVID requests from this address, retry later")]
+    TooManyRequests,
     #[error("cannot check the request right now, retry later")]
     Unavailable,
     #[error("cannot sign right now, retry later")]
@@ -96,6 +98,7 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::Denied(_) => StatusCode::FORBIDDEN,
+            ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NotFound => StatusCode::NOT_FOUND,
@@ -111,6 +114,7 @@ impl ApiError {
             ApiError::Identity(_) => "InvalidIdentity",
             ApiError::Csr(_) => "InvalidCsr",
             ApiError::Denied(denial) => denial.code(),
+            ApiError::TooManyRequests => "RateLimited",
             ApiError::Unavailable => "Unavailable",
             ApiError::Internal => "Internal",
             ApiError::NotFound => "NotFound",
@@ -136,6 +140,9 @@ impl ApiError {
             }
             ApiError::MethodNotAllowed(allowed) => {
                 headers.insert(http::header::ALLOW, HeaderValue::from_static(allowed));
+            }
+            ApiError::TooManyRequests => {
+                headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
         }

@@ -1,5 +1,8 @@
 //! Who may get which SVID: pure decisions over a TokenReview result and the pods of a node.
 
+use std::collections::BTreeMap;
+
+use aether_crds::well_known::{namespace_is_managed, pod_is_meshed};
 use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 use k8s_openapi::api::core::v1::Pod;
 
@@ -32,7 +35,9 @@ pub enum Denial {
     },
     #[error("token is not bound to a pod on a node; use a projected ServiceAccount token")]
     NoNode,
-    #[error("no running pod of ServiceAccount {requested} on node {node}")]
+    #[error("namespace {0} is not in the mesh (label aether.io/managed=true)")]
+    NotManaged(String),
+    #[error("no running meshed pod of ServiceAccount {requested} on node {node}")]
     NoPodOnNode {
         requested: ServiceAccountRef,
         node: String,
@@ -48,6 +53,7 @@ impl Denial {
             Denial::NotServiceAccount(_) => "NotServiceAccount",
             Denial::NotProxy { .. } => "NotProxy",
             Denial::NoNode => "TokenNotNodeBound",
+            Denial::NotManaged(_) => "NamespaceNotManaged",
             Denial::NoPodOnNode { .. } => "NoPodOnNode",
         }
     }
@@ -103,9 +109,10 @@ pub fn identify_caller(
     })
 }
 
-/// Whether `node` runs a pod of `requested` that still needs an identity: not being deleted
-/// and not finished.
-pub fn has_pod_on_node(pods: &[Pod], requested: &ServiceAccountRef, node: &str) -> bool {
+/// Whether `node` runs a meshed pod of `requested` that still needs an identity: not being
+/// deleted and not finished. A pod the mesh does not capture (opted out, or on the host
+/// network) never uses an SVID, so it earns none.
+pub fn has_meshed_pod_on_node(pods: &[Pod], requested: &ServiceAccountRef, node: &str) -> bool {
     pods.iter().any(|pod| {
         let spec = pod.spec.as_ref();
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -113,6 +120,11 @@ pub fn has_pod_on_node(pods: &[Pod], requested: &ServiceAccountRef, node: &str) 
             && pod.metadata.deletion_timestamp.is_none()
             && !matches!(phase, Some("Succeeded" | "Failed"))
             && spec.and_then(|s| s.node_name.as_deref()) == Some(node)
+            && pod_is_meshed(
+                true,
+                &pod.metadata.annotations.clone().unwrap_or_default(),
+                spec.and_then(|s| s.host_network).unwrap_or(false),
+            )
             // The API server defaults an empty serviceAccountName to "default".
             && spec
                 .and_then(|s| s.service_account_name.as_deref())
@@ -125,10 +137,14 @@ pub fn has_pod_on_node(pods: &[Pod], requested: &ServiceAccountRef, node: &str) 
 /// The full decision for one request.
 pub fn authorize_workload(
     caller: &Caller,
+    namespace_labels: &BTreeMap<String, String>,
     pods_on_node: &[Pod],
     requested: &ServiceAccountRef,
 ) -> Result<(), Denial> {
-    if has_pod_on_node(pods_on_node, requested, &caller.node) {
+    if !namespace_is_managed(namespace_labels) {
+        return Err(Denial::NotManaged(requested.namespace.clone()));
+    }
+    if has_meshed_pod_on_node(pods_on_node, requested, &caller.node) {
         Ok(())
     } else {
         Err(Denial::NoPodOnNode {
@@ -234,25 +250,40 @@ mod tests {
     }
 
     #[test]
-    fn requires_a_live_pod_of_the_service_account_on_the_node() {
+    fn requires_a_live_meshed_pod_of_the_service_account_on_the_node() {
         let caller = Caller {
             service_account: proxy(),
             node: "node-1".into(),
         };
+        let managed = BTreeMap::from([("aether.io/managed".to_string(), "true".to_string())]);
+        let allow =
+            |pods: &[Pod], sa: &ServiceAccountRef| authorize_workload(&caller, &managed, pods, sa);
         let web = ServiceAccountRef::new("shop", "web");
-        assert!(authorize_workload(&caller, &[pod("shop", Some("web"), "node-1")], &web).is_ok());
+        assert!(allow(&[pod("shop", Some("web"), "node-1")], &web).is_ok());
         let default = ServiceAccountRef::new("shop", "default");
-        assert!(authorize_workload(&caller, &[pod("shop", None, "node-1")], &default).is_ok());
+        assert!(allow(&[pod("shop", None, "node-1")], &default).is_ok());
 
+        let mut opted_out = pod("shop", Some("web"), "node-1");
+        opted_out.metadata.annotations = Some(BTreeMap::from([(
+            "aether.io/capture".into(),
+            "disabled".into(),
+        )]));
+        let mut host_network = pod("shop", Some("web"), "node-1");
+        if let Some(spec) = host_network.spec.as_mut() {
+            spec.host_network = Some(true);
+        }
         for pods in [
             vec![],
             vec![pod("shop", Some("web"), "node-2")],
             vec![pod("other", Some("web"), "node-1")],
             vec![pod("shop", Some("api"), "node-1")],
+            vec![opted_out],
+            vec![host_network],
         ] {
             assert_eq!(
-                authorize_workload(&caller, &pods, &web).unwrap_err().code(),
-                "NoPodOnNode"
+                allow(&pods, &web).unwrap_err().code(),
+                "NoPodOnNode",
+                "{pods:?}"
             );
         }
 
@@ -263,6 +294,25 @@ mod tests {
             phase: Some("Succeeded".into()),
             ..PodStatus::default()
         });
-        assert!(authorize_workload(&caller, &[deleting, finished], &web).is_err());
+        assert!(allow(&[deleting, finished], &web).is_err());
+    }
+
+    #[test]
+    fn refuses_service_accounts_of_namespaces_outside_the_mesh() {
+        let caller = Caller {
+            service_account: proxy(),
+            node: "node-1".into(),
+        };
+        let web = ServiceAccountRef::new("shop", "web");
+        let pods = [pod("shop", Some("web"), "node-1")];
+        for labels in [
+            BTreeMap::new(),
+            BTreeMap::from([("aether.io/managed".to_string(), "false".to_string())]),
+        ] {
+            assert_eq!(
+                authorize_workload(&caller, &labels, &pods, &web).unwrap_err(),
+                Denial::NotManaged("shop".into())
+            );
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! One HTTP request in, one response out: routing, the SVID flow, and its audit log line.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -16,6 +17,7 @@ use super::api::{
 use super::authority::Authority;
 use super::authz::{self, NODE_NAME_EXTRA};
 use super::config::CaConfig;
+use super::limit::Limits;
 use super::review;
 
 /// An SVID request that takes longer (a slow API server) is answered 503 so the proxy retries
@@ -27,6 +29,7 @@ pub struct Handler {
     client: kube::Client,
     config: Arc<CaConfig>,
     authority: watch::Receiver<Arc<Authority>>,
+    limits: Arc<Limits>,
 }
 
 /// What the log line of one SVID request says, filled in as the request is understood.
@@ -47,11 +50,20 @@ impl Handler {
             client,
             config,
             authority,
+            limits: Arc::default(),
         }
     }
 
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    pub async fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<Full<Bytes>> {
         match (request.method(), request.uri().path()) {
+            // Refused before anything is read: a flood costs the API server nothing.
+            (&Method::POST, SVID_PATH) if !self.limits.admit(peer.ip(), Instant::now()) => {
+                ApiError::TooManyRequests.response()
+            }
             (&Method::POST, SVID_PATH) => self.svid(request).await,
             (&Method::GET, TRUST_BUNDLE_PATH) => api::json(
                 StatusCode::OK,
@@ -114,6 +126,11 @@ impl Handler {
         let svid_request = api::parse_svid_request(&body, &self.config.trust_domain)?;
         audit.requested = Some(svid_request.id.uri());
 
+        let _slot = self
+            .limits
+            .review_slot()
+            .await
+            .ok_or(ApiError::Unavailable)?;
         let status = review::review_token(&self.client, &token, &self.config.token_audience)
             .await
             .map_err(|e| {
@@ -127,6 +144,13 @@ impl Handler {
             &self.config.proxy_service_account,
         )?;
 
+        let namespace = &svid_request.service_account.namespace;
+        let labels = review::namespace_labels(&self.client, namespace)
+            .await
+            .map_err(|e| {
+                error!(error = %e, namespace, "reading the namespace failed");
+                ApiError::Unavailable
+            })?;
         let pods = review::pods_on_node(
             &self.client,
             &svid_request.service_account.namespace,
@@ -137,7 +161,7 @@ impl Handler {
             error!(error = %e, node = caller.node, "listing the node's pods failed");
             ApiError::Unavailable
         })?;
-        authz::authorize_workload(&caller, &pods, &svid_request.service_account)?;
+        authz::authorize_workload(&caller, &labels, &pods, &svid_request.service_account)?;
 
         let authority = self.authority.borrow().clone();
         let svid = authority

@@ -32,7 +32,7 @@
 //!
 //! Key `ca.crt`: the PEM certificates of every trusted root (signing root first, then
 //! `previous.crt` and `next.crt`, duplicates and expired ones left out). Public data only;
-//! rewritten only when it changes.
+//! written by the leader alone, right after it read the root Secret, and only when it changes.
 //!
 //! # HTTPS endpoint
 //!
@@ -41,8 +41,15 @@
 //!
 //! # Kubernetes permissions the CA needs
 //!
-//! `create tokenreviews`; `list pods` (all namespaces); in the install namespace:
-//! `get, create secrets` and `get, create, patch configmaps`.
+//! `create tokenreviews`; `list pods` and `get namespaces` (all namespaces); in the install
+//! namespace: `get` of its own root Secret only, `create secrets` (to generate the root), and
+//! `get, create, patch configmaps`.
+//!
+//! # Limits
+//!
+//! An SVID is signed only for a ServiceAccount of a managed namespace with a meshed pod on the
+//! caller's node. Each source address gets a burst of 50 requests, then 10 a second (429 and
+//! `Retry-After` beyond), and at most 32 requests are checked with the API server at once.
 
 pub mod api;
 pub mod authority;
@@ -55,6 +62,7 @@ pub mod error;
 pub mod handler;
 pub mod identity;
 pub mod issue;
+pub mod limit;
 pub mod pem;
 pub mod reload;
 pub mod review;
@@ -110,9 +118,14 @@ impl RunningCa {
     }
 }
 
-/// Loads (or creates) the root, publishes the trust bundle, binds the endpoint and starts
-/// serving in the background. Fails if any of that fails, so a broken setup is loud at start.
-pub async fn start(client: kube::Client, config: CaConfig) -> Result<RunningCa, CaError> {
+/// Loads (or creates) the root, binds the endpoint and starts serving in the background; the
+/// trust bundle is published while `leading` says this replica leads. Fails if any of that
+/// fails, so a broken setup is loud at start.
+pub async fn start(
+    client: kube::Client,
+    config: CaConfig,
+    leading: watch::Receiver<bool>,
+) -> Result<RunningCa, CaError> {
     config.validate()?;
     let config = Arc::new(config);
 
@@ -131,7 +144,6 @@ pub async fn start(client: kube::Client, config: CaConfig) -> Result<RunningCa, 
         trusted_roots = authority.bundle().roots().len(),
         "certificate authority root loaded"
     );
-    store::publish_bundle(&client, &config, authority.bundle_pem()).await?;
 
     let (authority_tx, authority_rx) = watch::channel(Arc::new(authority));
     let acceptor = server::tls_acceptor(authority_rx.clone())?;
@@ -151,7 +163,13 @@ pub async fn start(client: kube::Client, config: CaConfig) -> Result<RunningCa, 
     let handler = Handler::new(client.clone(), config.clone(), authority_rx.clone());
     let tasks = vec![
         tokio::spawn(server::serve(listener, acceptor, handler, stopped.clone())),
-        tokio::spawn(reload::reload_loop(client, config, authority_tx, stopped)),
+        tokio::spawn(reload::reload_loop(
+            client,
+            config,
+            authority_tx,
+            leading,
+            stopped,
+        )),
     ];
     Ok(RunningCa {
         local_addr,

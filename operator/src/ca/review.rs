@@ -1,8 +1,11 @@
-//! What the API server says about an SVID request: the caller's token, and the pods on the
-//! caller's node. Thin calls; the decisions are in `authz`.
+//! What the API server says about an SVID request: the caller's token, the requested
+//! namespace's labels, and the pods on the caller's node. Thin calls; the decisions are in
+//! `authz`.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
@@ -37,4 +40,16 @@ pub async fn pods_on_node(
         .list(&params)
         .await?
         .items)
+}
+
+/// The labels of `namespace`; none when it does not exist.
+pub async fn namespace_labels(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<BTreeMap<String, String>, kube::Error> {
+    Ok(Api::<Namespace>::all(client.clone())
+        .get_opt(namespace)
+        .await?
+        .and_then(|ns| ns.metadata.labels)
+        .unwrap_or_default())
 }

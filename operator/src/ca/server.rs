@@ -130,7 +130,7 @@ async fn serve_connection(
         .header_read_timeout(HEADER_TIMEOUT);
     let service = service_fn(move |request| {
         let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler.handle(request).await) }
+        async move { Ok::<_, Infallible>(handler.handle(request, peer).await) }
     });
     let connection = builder.serve_connection(TokioIo::new(tls), service);
     tokio::pin!(connection);

@@ -108,6 +108,19 @@ impl Demand {
         }
     }
 
+    /// Forgets the targets `keep` refuses; wakes the reporter if any went.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let removed = {
+            let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+            let before = targets.len();
+            targets.retain(|t| keep(t));
+            targets.len() != before
+        };
+        if removed {
+            self.changed.notify_one();
+        }
+    }
+
     pub fn targets(&self) -> Vec<String> {
         let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
         targets.iter().cloned().collect()
@@ -158,6 +171,13 @@ impl DataPlane {
             .collect();
         let kept = self.balancer.retain(|addr| live.contains(addr));
         tracing::debug!(kept, "pruned the balancer's endpoints");
+        // A deleted Service is demanded no more: a namespace made again under the same name
+        // starts with no table on this node.
+        if let Some(mesh) = &self.mesh {
+            let services: std::collections::HashSet<String> =
+                snapshot.services.keys().map(ToString::to_string).collect();
+            mesh.demand.retain(|target| services.contains(target));
+        }
     }
 
     fn clients(&self, netns: &Arc<Path>) -> Arc<PodClients> {
@@ -202,5 +222,32 @@ impl Handler for DataPlane {
         }
         // A flood would flood the log too: the metric is the signal.
         tracing::debug!(pod = %pod.pod, ?role, limit = limit.as_str(), "reset a connection over the limit");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mesh::ServiceKey;
+
+    /// Whether the reporter would be woken now (taking the wake-up).
+    fn woken(demand: &Demand) -> bool {
+        let notified = demand.changed.notified();
+        tokio::pin!(notified);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        notified.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn demand_forgets_targets_that_are_gone_and_says_so() {
+        let demand = Demand::default();
+        demand.want(&ServiceKey::new("shop", "web"));
+        demand.want(&ServiceKey::new("shop", "gone"));
+        assert!(woken(&demand));
+        demand.retain(|t| t != "shop/elsewhere");
+        assert!(!woken(&demand), "nothing went: nothing to report");
+        demand.retain(|t| t == "shop/web");
+        assert_eq!(demand.targets(), ["shop/web"]);
+        assert!(woken(&demand), "the shorter list is reported");
     }
 }

@@ -71,7 +71,6 @@ pub struct Issued {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
     pub not_after: SystemTime,
-    pub trust_bundle: String,
 }
 
 impl Issued {
@@ -89,7 +88,8 @@ impl Issued {
 #[serde(rename_all = "camelCase")]
 struct SvidAnswer {
     cert_chain: String,
-    trust_bundle: String,
+    // Its `trustBundle` is not taken: the published ConfigMap is the one source of the bundle,
+    // so an answer from a replica with stale roots cannot undo a rotation.
 }
 
 #[derive(Deserialize)]
@@ -141,7 +141,6 @@ impl CaClient {
             chain,
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             not_after,
-            trust_bundle: answer.trust_bundle,
         })
     }
 
@@ -251,9 +250,6 @@ pub async fn maintain(
             }
             match ca.issue(sa).await {
                 Ok(issued) => {
-                    if let Err(e) = ca.trust.set_bundle(&issued.trust_bundle) {
-                        warn!(error = %e, "ignoring the trust bundle the certificate authority sent");
-                    }
                     let wall = SystemTime::now();
                     let renew_in = issued
                         .renew_at(wall)
@@ -313,7 +309,6 @@ mod tests {
             chain: vec![],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(vec![])),
             not_after: now + Duration::from_secs(240),
-            trust_bundle: String::new(),
         };
         assert_eq!(issued.renew_at(now), now + Duration::from_secs(120));
         let late = now + Duration::from_secs(236);

@@ -302,7 +302,21 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         marker["metadata"]["annotations"]["helm.sh/hook"],
         "pre-delete"
     );
-    assert_eq!(proxy["securityContext"]["privileged"], true);
+    assert_eq!(
+        proxy["securityContext"],
+        json!({"runAsUser": 0, "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}})
+    );
+    let install = container(pod, "initContainers", "install-cni")?;
+    assert_eq!(
+        install["securityContext"],
+        json!({"runAsUser": 0, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]}})
+    );
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
     assert_eq!(
         proxy["ports"],
         json!([{"name": "metrics", "containerPort": 15020}])
@@ -412,7 +426,7 @@ fn the_operator_is_highly_available() -> Result<()> {
 }
 
 #[test]
-fn a_supplied_ca_root_is_passed_and_only_readable() -> Result<()> {
+fn the_operator_reads_only_its_own_ca_secret() -> Result<()> {
     let objects = render(&["ca.existingSecret=mesh-root"])?;
     let pod = &find(&objects, "Deployment", "aether-operator")?["spec"]["template"]["spec"];
     let args = strings(&container(pod, "containers", "operator")?["args"]);
@@ -428,6 +442,22 @@ fn a_supplied_ca_root_is_passed_and_only_readable() -> Result<()> {
         secret_rules,
         [
             &json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mesh-root"], "verbs": ["get"]})
+        ]
+    );
+    // A generated root: the operator reads its own Secret only, and may create it.
+    let objects = render(&[])?;
+    let role = find(&objects, "Role", "aether-operator")?;
+    let secret_rules: Vec<&Value> = role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| strings(&r["resources"]).contains(&"secrets"))
+        .collect();
+    assert_eq!(
+        secret_rules,
+        [
+            &json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["aether-ca"], "verbs": ["get"]}),
+            &json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]})
         ]
     );
     Ok(())

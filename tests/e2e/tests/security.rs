@@ -24,6 +24,9 @@
 //! lets it set SO_MARK) marks its socket with the mark that once exempted the proxy's own, and
 //! with every bit set, and calls a meshed Service: each request still arrives over mTLS, with
 //! the caller's identity.
+//!
+//! What a compromised proxy process holds: on each node it is root with exactly CAP_NET_ADMIN
+//! and CAP_SYS_ADMIN (effective and bounding), under a seccomp filter, as the kernel reports it.
 
 use aether_crds::NodeConfig;
 use std::time::Duration;
@@ -115,6 +118,7 @@ async fn attacks_are_contained() -> Result<()> {
     a_forged_identity_header_is_replaced(&cluster).await?;
     a_pods_own_ports_stay_its_own(&cluster).await?;
     a_socket_mark_does_not_escape_capture(&cluster).await?;
+    the_proxy_holds_two_capabilities_under_seccomp(&cluster)?;
     uninstall(&cluster).await.context("uninstalling aether")?;
     unmesh_workloads(&cluster)?;
     Ok(())
@@ -444,5 +448,36 @@ async fn a_socket_mark_does_not_escape_capture(cluster: &Cluster) -> Result<()> 
         }
     }
     cluster.delete_namespaces(&[NS])?;
+    Ok(())
+}
+
+fn the_proxy_holds_two_capabilities_under_seccomp(cluster: &Cluster) -> Result<()> {
+    // CAP_NET_ADMIN is bit 12, CAP_SYS_ADMIN bit 21.
+    const CAPS: &str = "0000000000201000";
+    for node in ["node-1", "node-2"] {
+        let shell = aether_e2e::node::shell(cluster, node)?;
+        // The host's procfs: the shell has its own PID namespace, the node's root has not.
+        let script = "for d in /host/proc/[0-9]*; do \
+            [ \"$(cat $d/comm 2>/dev/null)\" = aether-proxy ] && \
+            grep -E '^(CapEff|CapBnd|Seccomp):' $d/status | tr -s '\t' ' '; done";
+        let output = cluster.exec(&shell, "shell", &["sh", "-c", script])?;
+        let status = String::from_utf8_lossy(&output.stdout);
+        let lines: Vec<&str> = status.lines().collect();
+        // Every proxy on the machine (both nodes' share its kernel): at least one, each the same.
+        let expected = [
+            format!("CapEff: {CAPS}"),
+            format!("CapBnd: {CAPS}"),
+            "Seccomp: 2".into(),
+        ];
+        if lines.is_empty() || lines.chunks(3).any(|proc| proc != expected) {
+            bail!(
+                "the proxy processes seen from {node} do not hold exactly NET_ADMIN and SYS_ADMIN under seccomp: {status}{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+    eprintln!(
+        "every proxy process holds CAP_NET_ADMIN and CAP_SYS_ADMIN only, under a seccomp filter"
+    );
     Ok(())
 }
