@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use aether_cni::nft::{self, Deleted, Drift, Families, Nft, NftError, Strict, TableSpec};
@@ -132,6 +132,22 @@ fn link(pod: &Netns, other: &Netns, n: u8) {
     other.ip(&["link", "set", &other_if, "up"]);
 }
 
+/// A UDP socket bound to `addr` inside `netns`, with a short read timeout.
+fn udp(netns: &Netns, addr: &'static str) -> UdpSocket {
+    let socket = in_netns(netns.path(), move || UdpSocket::bind(addr).unwrap());
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    socket
+}
+
+/// Whether a datagram from `from` (bound inside its netns) to `to` reaches `server`.
+fn delivers(from: &UdpSocket, to: &str, server: &UdpSocket) -> bool {
+    from.send_to(b"ping", to).unwrap();
+    let mut buf = [0; 4];
+    server.recv_from(&mut buf).is_ok()
+}
+
 /// Whether a TCP connection from inside `netns` to `to` is accepted.
 fn connects(netns: &Netns, to: &str) -> bool {
     let to: SocketAddr = to.parse().unwrap();
@@ -190,6 +206,27 @@ fn strict_mode_refuses_plaintext_from_other_hosts() {
             connects(&pod, "10.77.1.2:9000"),
             "the pod's own connections"
         );
+        // UDP is refused from everyone, the node included; the pod's own queries get replies.
+        let pod_udp = udp(&pod, "0.0.0.0:5353");
+        let (other_udp, node_udp) = (udp(&other_host, "10.77.1.2:0"), udp(&node, "10.77.2.2:0"));
+        assert!(
+            !delivers(&other_udp, "10.77.1.1:5353", &pod_udp),
+            "UDP from another host"
+        );
+        assert!(
+            !delivers(&node_udp, "10.77.2.1:5353", &pod_udp),
+            "UDP from the node"
+        );
+        let resolver = udp(&other_host, "10.77.1.2:53");
+        let query = udp(&pod, "10.77.1.1:0");
+        assert!(
+            delivers(&query, "10.77.1.2:53", &resolver),
+            "the pod's query"
+        );
+        assert!(
+            delivers(&resolver, &query.local_addr().unwrap().to_string(), &query),
+            "the reply to the pod's own query"
+        );
 
         // Strict mode's chain is drift for a table that should not have it, and back.
         let plain = spec(15001);
@@ -202,6 +239,10 @@ fn strict_mode_refuses_plaintext_from_other_hosts() {
         assert!(
             connects(&other_host, "10.77.1.1:8080"),
             "not strict any more"
+        );
+        assert!(
+            delivers(&other_udp, "10.77.1.1:5353", &pod_udp),
+            "UDP, not strict any more"
         );
         assert!(
             nft::verify(&nft, pod.path(), &strict)

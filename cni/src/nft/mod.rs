@@ -22,8 +22,10 @@
 //!         ct state established,related accept               # replies to the pod's connections
 //!         iifname "lo" accept                              # the inbound proxy -> the app
 //!         tcp dport 15008 accept                           # mTLS from other proxies
-//!         ip saddr @hosts4 accept                          # the node: kubelet probes
+//!         ip saddr @hosts4 meta l4proto tcp accept         # the node: kubelet probes
+//!         meta l4proto icmp accept                         # ping, errors (ipv6-icmp: also ND)
 //!         meta l4proto tcp reject with tcp reset           # plaintext from anyone else
+//!         reject with icmpx port-unreachable               # UDP, SCTP and the rest
 //!     }
 //! ```
 //!

@@ -12,7 +12,7 @@ use nftables::schema::{
     Table,
 };
 use nftables::stmt::{Match, NAT, Operator, Reject, RejectType, Statement};
-use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook, RejectCode};
 
 pub const TABLE: &str = "aether";
 /// The capture chain, on the pod's outgoing packets. It exempts no socket, not even the node
@@ -58,6 +58,14 @@ impl Family {
         match self {
             Family::V4 => SetType::Ipv4Addr,
             Family::V6 => SetType::Ipv6Addr,
+        }
+    }
+
+    /// This family's ICMP, as `meta l4proto` names it.
+    fn icmp(self) -> &'static str {
+        match self {
+            Family::V4 => "icmp",
+            Family::V6 => "ipv6-icmp",
         }
     }
 
@@ -132,10 +140,17 @@ pub enum RuleKind {
     StrictLoopback,
     /// Strict mode: `tcp dport PORT accept`, the inbound mTLS port.
     StrictInbound(u16),
-    /// Strict mode: `ip saddr @hosts4 accept` (and `ip6 … @hosts6`).
+    /// Strict mode: `ip saddr @hosts4 meta l4proto tcp accept` (and `ip6 … @hosts6`): the
+    /// node's probes, which are TCP.
     StrictHosts(Family),
+    /// Strict mode: `meta l4proto icmp accept` (and `ipv6-icmp`): pings and errors carry no
+    /// data, and IPv6 needs neighbour discovery.
+    StrictIcmp(Family),
     /// Strict mode: `meta l4proto tcp reject with tcp reset`: plaintext is refused.
     StrictRefuse,
+    /// Strict mode: `reject with icmpx port-unreachable`: UDP, SCTP and the rest, which the
+    /// mesh never carries.
+    StrictRefuseOther,
 }
 
 impl RuleKind {
@@ -156,7 +171,8 @@ impl RuleKind {
         ]
         .into_iter()
         .chain(spec.families.iter().map(RuleKind::StrictHosts))
-        .chain([RuleKind::StrictRefuse])
+        .chain(spec.families.iter().map(RuleKind::StrictIcmp))
+        .chain([RuleKind::StrictRefuse, RuleKind::StrictRefuseOther])
         .collect()
     }
 
@@ -209,24 +225,28 @@ impl RuleKind {
                 right: Expression::Number(port.into()),
                 op: Operator::EQ,
             }),
-            RuleKind::StrictHosts(family) => accept(Match {
-                left: payload(family.protocol(), "saddr"),
-                right: Expression::String(format!("@{}", family.hosts_set_name()).into()),
-                op: Operator::EQ,
-            }),
-            RuleKind::StrictRefuse => vec![
+            RuleKind::StrictHosts(family) => vec![
                 Statement::Match(Match {
-                    left: Expression::Named(NamedExpression::Meta(Meta {
-                        key: MetaKey::L4proto,
-                    })),
-                    right: Expression::String("tcp".into()),
+                    left: payload(family.protocol(), "saddr"),
+                    right: Expression::String(format!("@{}", family.hosts_set_name()).into()),
                     op: Operator::EQ,
                 }),
+                Statement::Match(l4proto("tcp")),
+                Statement::Accept(None),
+            ],
+            RuleKind::StrictIcmp(family) => accept(l4proto(family.icmp())),
+            RuleKind::StrictRefuse => vec![
+                Statement::Match(l4proto("tcp")),
                 Statement::Reject(Some(Reject {
                     _type: Some(RejectType::TCPReset),
                     expr: None,
                 })),
             ],
+            // `reject` as `nft` lists it back.
+            RuleKind::StrictRefuseOther => vec![Statement::Reject(Some(Reject {
+                _type: Some(RejectType::ICMPX),
+                expr: Some(RejectCode::PortUnreach),
+            }))],
         }
     }
 
@@ -243,12 +263,25 @@ impl RuleKind {
             RuleKind::StrictLoopback => "iifname \"lo\" accept".into(),
             RuleKind::StrictInbound(port) => format!("tcp dport {port} accept"),
             RuleKind::StrictHosts(family) => format!(
-                "{} saddr @{} accept",
+                "{} saddr @{} meta l4proto tcp accept",
                 family.protocol(),
                 family.hosts_set_name()
             ),
+            RuleKind::StrictIcmp(family) => format!("meta l4proto {} accept", family.icmp()),
             RuleKind::StrictRefuse => "meta l4proto tcp reject with tcp reset".into(),
+            RuleKind::StrictRefuseOther => "reject with icmpx port-unreachable".into(),
         }
+    }
+}
+
+/// `meta l4proto PROTOCOL`.
+fn l4proto(protocol: &'static str) -> Match<'static> {
+    Match {
+        left: Expression::Named(NamedExpression::Meta(Meta {
+            key: MetaKey::L4proto,
+        })),
+        right: Expression::String(protocol.into()),
+        op: Operator::EQ,
     }
 }
 
