@@ -115,9 +115,11 @@ impl Agent {
         if config.capture_port == 0 {
             return Err(AgentError::CapturePortZero);
         }
-        create_private_dir(&config.state_dir).map_err(|source| AgentError::StateDir {
-            path: config.state_dir.clone(),
-            source,
+        crate::state_file::create_private_dir(&config.state_dir).map_err(|source| {
+            AgentError::StateDir {
+                path: config.state_dir.clone(),
+                source,
+            }
         })?;
         let registry_path = config.state_dir.join(REGISTRY_FILE);
         let registry = Registry::load(&registry_path)?;
@@ -826,14 +828,4 @@ impl DriftKind {
 
 fn error_reply(kind: ErrorKind, message: String) -> Response {
     Response::Error(ErrorReply { kind, message })
-}
-
-/// The state directory holds the netns paths of pods: only root needs to read it. An existing
-/// directory keeps its mode (it may be shared, e.g. a hostPath the operator chose).
-fn create_private_dir(path: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
 }

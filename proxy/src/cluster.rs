@@ -34,7 +34,7 @@ use crate::agent::{Agent, Enrolment, LEAVE_LINGER};
 use crate::dataplane::{Demand, SnapshotCell, Workloads};
 use crate::enrol::{self, NodePod, Step};
 use crate::identity::ServiceAccount;
-use crate::identity::tls::TrustStore;
+use crate::identity::tls::Certs;
 use crate::last_config::LastConfig;
 use crate::mesh::{Inputs, Snapshot};
 use crate::metrics::Metrics;
@@ -396,10 +396,14 @@ impl ClusterView {
 const NETNS_DIR: &str = "/var/run/netns";
 /// A pod that could not be meshed is tried again after this long.
 const ENROL_RETRY: Duration = Duration::from_secs(5);
+/// How often a running pod waiting for its SVID to join is looked at again.
+const SVID_POLL: Duration = Duration::from_millis(200);
 
 /// Brings this node's running pods in and out of the mesh as their namespace's label and their
 /// annotations say (`enrol::plan`), with an Event on each pod and a metric; a pod that cannot
-/// be meshed says why once per cause and is tried again after [`ENROL_RETRY`].
+/// be meshed says why once per cause and is tried again after [`ENROL_RETRY`]. A running pod
+/// joins only once its ServiceAccount's SVID is on the node: captured before, its connections
+/// would fail until the SVID came (after an install the CA may still be starting).
 pub struct Enroller {
     recorder: Recorder,
     node: String,
@@ -427,10 +431,12 @@ impl Enroller {
         &mut self,
         view: &ClusterView,
         agent: &Arc<Agent>,
+        certs: &Certs,
         metrics: &Metrics,
     ) -> Option<tokio::time::Instant> {
         let pods = view.node_pods()?;
         let now = tokio::time::Instant::now();
+        let mut awaiting_svid = None;
         self.failed
             .retain(|uid, _| pods.iter().any(|p| p.pod.uid.as_deref() == Some(uid)));
         let (mut joining, mut leaving, mut gone) = (Vec::new(), Vec::new(), Vec::new());
@@ -442,7 +448,10 @@ impl Enroller {
                         .as_ref()
                         .and_then(|uid| self.failed.get(uid))
                         .is_none_or(|(at, _)| *at <= now);
-                    if due {
+                    let has_svid = view.service_account(&pod).is_some_and(|sa| certs.has(&sa));
+                    if !has_svid {
+                        awaiting_svid = Some(now + SVID_POLL);
+                    } else if due {
                         joining.push((pod, ips));
                     }
                 }
@@ -489,7 +498,11 @@ impl Enroller {
             let agent_ = agent.clone();
             let _ = tokio::task::spawn_blocking(move || agent_.forget(&gone)).await;
         }
-        self.failed.values().map(|(at, _)| *at).min()
+        self.failed
+            .values()
+            .map(|(at, _)| *at)
+            .chain(awaiting_svid)
+            .min()
     }
 
     async fn join(
@@ -605,7 +618,7 @@ pub async fn apply_changes(
     view: Arc<ClusterView>,
     agent: Arc<Agent>,
     cell: Arc<SnapshotCell>,
-    trust: Arc<TrustStore>,
+    certs: Arc<Certs>,
     wanted: watch::Sender<BTreeSet<ServiceAccount>>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
@@ -620,7 +633,7 @@ pub async fn apply_changes(
         cell.store(snapshot.clone());
         agent.data_plane().prune(&snapshot);
         if let Some(pem) = view.trust_bundle() {
-            match trust.set_bundle(&pem) {
+            match certs.trust().set_bundle(&pem) {
                 Ok(true) => info!("loaded a new trust bundle"),
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "ignoring the published trust bundle"),
@@ -650,7 +663,7 @@ pub async fn apply_changes(
             *current = next;
             changed
         });
-        let retry = enroller.pass(&view, &agent, &metrics).await;
+        let retry = enroller.pass(&view, &agent, &certs, &metrics).await;
         let captured = agent.registered();
         metrics.captured_pods.set(captured.len() as i64);
         let mut names: Vec<String> = captured.iter().map(|p| p.pod.to_string()).collect();

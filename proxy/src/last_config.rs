@@ -62,7 +62,13 @@ impl LastConfig {
         };
         let written = serde_json::to_vec(&saved)
             .map_err(std::io::Error::other)
-            .and_then(|json| crate::state_file::write_atomically(&self.path, &json));
+            .and_then(|json| {
+                // The first config may come before the agent made the state directory.
+                if let Some(dir) = self.path.parent() {
+                    crate::state_file::create_private_dir(dir)?;
+                }
+                crate::state_file::write_atomically(&self.path, &json)
+            });
         if let Err(error) = written {
             warn!(path = %self.path.display(), %error, "cannot save the node config");
         }

@@ -418,14 +418,14 @@ async fn run(
             };
             lifelong.push((
                 "the SVID renewal",
-                tokio::spawn(svid::maintain(ca, certs, wanted_rx, metrics.clone())),
+                tokio::spawn(svid::maintain(ca, certs.clone(), wanted_rx, metrics.clone())),
             ));
             apply = Some(tokio::spawn(cluster::apply_changes(
                 client.clone(),
                 view.clone(),
                 agent.clone(),
                 cell,
-                trust,
+                certs.clone(),
                 wanted,
                 metrics.clone(),
                 stopping.subscribe(),

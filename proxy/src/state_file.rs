@@ -34,3 +34,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     }
     written
 }
+
+/// The state directory holds the netns paths of pods: only root needs to read it. An existing
+/// directory keeps its mode (it may be shared, e.g. a hostPath the operator chose).
+pub fn create_private_dir(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+}
