@@ -276,7 +276,7 @@ fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
         generation: 1,
         strict: Some(StrictPlan {
             inbound_port: 15008,
-            hosts: vec!["10.99.0.1".parse().unwrap()],
+            probe_ports: vec![8080],
         }),
         ..ProxyState::default()
     });
@@ -287,7 +287,11 @@ fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
     let text = ruleset(&pod.netns);
     assert!(text.contains("chain input"), "{text}");
     assert!(text.contains("tcp dport 15008 accept"), "{text}");
-    assert!(text.contains("10.99.0.1"), "{text}");
+    assert!(
+        text.contains("ip saddr 169.254.7.127 tcp dport @probes accept"),
+        "{text}"
+    );
+    assert!(text.contains("elements = { 8080 }"), "{text}");
     node.aether_command("CHECK", &pod, Some(&prev)).ok();
 
     // Strict mode's refusal deleted by hand is drift.

@@ -63,7 +63,7 @@ fn the_protocol_decoder_survives_mutated_input() {
             generation: 3,
             strict: Some(StrictPlan {
                 inbound_port: 15008,
-                hosts: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+                probe_ports: vec![8080, 9090],
             }),
         }))),
         encode_response(&Response::Pong),

@@ -157,7 +157,7 @@ fn connects(netns: &Netns, to: &str) -> bool {
 }
 
 #[test]
-fn strict_mode_refuses_plaintext_from_other_hosts() {
+fn strict_mode_refuses_plaintext_but_the_nodes_probes_on_probe_ports() {
     require_root();
     for nft in backends() {
         let pod = Netns::new("aet");
@@ -170,13 +170,16 @@ fn strict_mode_refuses_plaintext_from_other_hosts() {
             in_netns(netns.path(), move || TcpListener::bind(addr).unwrap())
         };
         let _app = listen(&pod, "0.0.0.0:8080");
+        let _admin = listen(&pod, "0.0.0.0:9000");
         let _inbound = listen(&pod, "0.0.0.0:15008");
+        // Replies to the probe source go to the pod's gateway, the node.
+        pod.ip(&["route", "add", "default", "via", "10.77.2.2"]);
         let _elsewhere = listen(&other_host, "10.77.1.2:9000");
 
         let strict = TableSpec {
             strict: Some(Strict {
                 inbound_port: 15008,
-                hosts: vec!["10.77.2.2".parse().unwrap()],
+                probe_ports: vec![8080],
             }),
             ..spec(15001)
         };
@@ -194,10 +197,29 @@ fn strict_mode_refuses_plaintext_from_other_hosts() {
             connects(&other_host, "10.77.1.1:15008"),
             "the inbound mTLS port"
         );
+        // Without the node's table the node's connections keep its own address: refused.
+        assert!(!connects(&node, "10.77.2.1:8080"), "the node, untranslated");
+        nft::apply_node_probes(&nft, node.path(), &["10.77.2.1".parse().unwrap()]).unwrap();
         assert!(
             connects(&node, "10.77.2.1:8080"),
-            "the node (kubelet probes)"
+            "the node's probe of a probe port"
         );
+        assert!(
+            !connects(&node, "10.77.2.1:9000"),
+            "the node, to a port no probe names"
+        );
+        assert!(
+            !connects(&other_host, "10.77.1.1:8080"),
+            "another host, to a probe port"
+        );
+        // Applying again replaces the table; with no strict pod the node is untranslated.
+        nft::apply_node_probes(&nft, node.path(), &[]).unwrap();
+        assert!(
+            !connects(&node, "10.77.2.1:8080"),
+            "the node, with the pod out of its table"
+        );
+        nft::delete_node_probes(&nft, node.path()).unwrap();
+        nft::delete_node_probes(&nft, node.path()).unwrap();
         assert!(
             connects(&pod, "127.0.0.1:8080"),
             "loopback (the inbound proxy)"

@@ -6,6 +6,7 @@
 //! pool. One lock serialises every change, so a registration and a capture set update can never
 //! interleave and leave a pod's table behind.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,8 +51,9 @@ pub struct AgentConfig {
     pub capture_port: u16,
     /// The inbound mTLS port opened in every registered pod; `None` without a mesh.
     pub inbound_port: Option<u16>,
-    /// The node's own addresses: strict mode still lets them connect (kubelet probes).
-    pub hosts: Vec<IpAddr>,
+    /// The node's network namespace, where the node's table of strict pods goes (the node's
+    /// probes of them get the probe source address); `None` without a mesh (no strict mode).
+    pub node_netns: Option<PathBuf>,
     pub nft: Nft,
     pub limits: ConnectionLimits,
 }
@@ -59,7 +61,9 @@ pub struct AgentConfig {
 pub struct Agent {
     capture_port: u16,
     inbound_port: Option<u16>,
-    hosts: Vec<IpAddr>,
+    node_netns: Option<PathBuf>,
+    /// The strict pods' addresses the node's table last got, to skip rewriting it unchanged.
+    node_probes: Mutex<Option<BTreeSet<IpAddr>>>,
     nft: Nft,
     registry_path: PathBuf,
     state_dir: PathBuf,
@@ -127,7 +131,8 @@ impl Agent {
         let agent = Agent {
             capture_port: config.capture_port,
             inbound_port: config.inbound_port,
-            hosts: config.hosts,
+            node_netns: config.node_netns,
+            node_probes: Mutex::default(),
             nft: config.nft,
             registry_path,
             state_dir: config.state_dir,
@@ -141,6 +146,7 @@ impl Agent {
             }),
         };
         agent.restore(capture);
+        agent.sync_node_probes();
         Ok(agent)
     }
 
@@ -259,6 +265,8 @@ impl Agent {
                     capture_port: self.capture_port,
                     generation,
                 });
+                // Before the kubelet's first probe of a new strict pod, when it can.
+                self.sync_node_probes();
                 self.registrations.notify_one();
                 response
             }
@@ -267,6 +275,7 @@ impl Agent {
                 ifname,
             } => {
                 let response = self.unregister(&container_id, &ifname);
+                self.sync_node_probes();
                 self.registrations.notify_one();
                 response
             }
@@ -288,7 +297,7 @@ impl Agent {
                     generation: capture.generation,
                     strict: self.strict_port(pod).map(|inbound_port| StrictPlan {
                         inbound_port,
-                        hosts: self.hosts.clone(),
+                        probe_ports: self.probe_ports(pod),
                     }),
                 }))
             }
@@ -769,8 +778,56 @@ impl Agent {
             families: pod.families(),
             strict: pod.strict_inbound_port.map(|inbound_port| Strict {
                 inbound_port,
-                hosts: self.hosts.clone(),
+                probe_ports: self.probe_ports(&pod.pod),
             }),
+        }
+    }
+
+    /// The ports the pod's probes name; none while the view does not know the pod (its
+    /// probes are then refused until the next reinstall, never other ports let in).
+    fn probe_ports(&self, pod: &PodRef) -> Vec<u16> {
+        self.view.probe_ports(pod).unwrap_or_else(|e| {
+            warn!(pod = %pod, error = %e, "the pod's probe ports are not known; its probes are refused for now");
+            Vec::new()
+        })
+    }
+
+    /// Brings the node's table of strict pods to the registered strict pods' addresses, so the
+    /// node's probes of them come from the probe source address. Cheap when nothing changed.
+    pub fn sync_node_probes(&self) {
+        let Some(netns) = &self.node_netns else {
+            return;
+        };
+        let pods: BTreeSet<IpAddr> = self
+            .lock()
+            .registry
+            .pods()
+            .filter(|p| p.strict_inbound_port.is_some())
+            .flat_map(|p| p.ips.iter().copied())
+            .collect();
+        let mut applied = self.node_probes.lock().unwrap_or_else(|e| e.into_inner());
+        if applied.as_ref() == Some(&pods) {
+            return;
+        }
+        let list: Vec<IpAddr> = pods.iter().copied().collect();
+        match nft::apply_node_probes(&self.nft, netns, &list) {
+            Ok(()) => {
+                info!(
+                    strict_pods = list.len(),
+                    "updated the node's table of strict pods"
+                );
+                *applied = Some(pods);
+            }
+            Err(e) => warn!(error = %e, "cannot update the node's table of strict pods; retrying"),
+        }
+    }
+
+    /// aether is being uninstalled: the node's table of strict pods goes too.
+    pub fn remove_node_probes(&self) {
+        if let Some(netns) = &self.node_netns
+            && let Err(e) = nft::delete_node_probes(&self.nft, netns)
+        {
+            warn!(error = %e, "cannot remove the node's table of strict pods");
         }
     }
 

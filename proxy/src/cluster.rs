@@ -331,6 +331,20 @@ impl PodView for ClusterView {
             .ok_or_else(|| ViewError::UnknownPod(pod.clone()))?;
         Ok(ips_of(&found))
     }
+
+    fn probe_ports(&self, pod: &PodRef) -> Result<Vec<u16>, ViewError> {
+        if !self.is_synced() {
+            return Err(ViewError::NotReady("the watch caches are filling".into()));
+        }
+        let found = self
+            .pod(pod)
+            .ok_or_else(|| ViewError::UnknownPod(pod.clone()))?;
+        Ok(found
+            .spec
+            .as_ref()
+            .map(crate::pod_view::probe_ports)
+            .unwrap_or_default())
+    }
 }
 
 impl Workloads for ClusterView {
@@ -646,6 +660,7 @@ pub async fn apply_changes(
             let update = agent_.update_capture_set(capture);
             // A namespace's mTLS mode may have changed with the view.
             agent_.sync_modes();
+            agent_.sync_node_probes();
             (update, agent_.finish_leaving())
         })
         .await;

@@ -22,7 +22,7 @@ use aether_proxy::listeners::ConnectionLimits;
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::Metrics;
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
-use aether_proxy::{cni_kubeconfig, cni_server, netns};
+use aether_proxy::{cni_kubeconfig, cni_server};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
@@ -318,7 +318,7 @@ async fn run(
                 state_dir: args.state_dir.clone(),
                 capture_port: args.capture_port,
                 inbound_port: None,
-                hosts: Vec::new(),
+                node_netns: None,
                 nft,
                 limits,
             };
@@ -395,7 +395,8 @@ async fn run(
                 state_dir: args.state_dir.clone(),
                 capture_port: args.capture_port,
                 inbound_port: Some(args.inbound_port),
-                hosts: netns::host_addresses().context("listing the node's addresses")?,
+                // The proxy runs on the node's network; its main thread never leaves it.
+                node_netns: Some("/proc/self/ns/net".into()),
                 nft,
                 limits,
             };
@@ -418,7 +419,12 @@ async fn run(
             };
             lifelong.push((
                 "the SVID renewal",
-                tokio::spawn(svid::maintain(ca, certs.clone(), wanted_rx, metrics.clone())),
+                tokio::spawn(svid::maintain(
+                    ca,
+                    certs.clone(),
+                    wanted_rx,
+                    metrics.clone(),
+                )),
             ));
             apply = Some(tokio::spawn(cluster::apply_changes(
                 client.clone(),
@@ -557,6 +563,7 @@ async fn uninstall(agent: &Arc<Agent>, args: &RunArgs) {
     let (bin, conf) = (args.cni_bin_dir.clone(), args.cni_conf_dir.clone());
     let done = tokio::task::spawn_blocking(move || {
         let failed = agent.remove_all();
+        agent.remove_node_probes();
         (failed, aether_cni::install::uninstall(&bin, &conf))
     })
     .await;

@@ -85,12 +85,6 @@ pub async fn connect_from(
     socket.connect(to).await.map_err(connect_error)
 }
 
-/// The addresses of the proxy's own network namespace, the node's (the proxy runs on the
-/// host network), loopback excluded: where the kubelet's probes of a pod come from.
-pub fn host_addresses() -> io::Result<Vec<std::net::IpAddr>> {
-    interface_addresses()
-}
-
 /// The addresses of the network namespace at `netns`, loopback excluded.
 pub fn addresses_in(netns: &Path) -> Result<Vec<std::net::IpAddr>, NetnsError> {
     in_netns(netns, interface_addresses)?.map_err(|source| NetnsError::Enter {

@@ -16,13 +16,13 @@
 //! plaintext into the pod:
 //!
 //! ```text
-//!     set hosts4 { type ipv4_addr; }                       # the node's own addresses
+//!     set probes { type inet_service; }                    # the ports the pod's probes name
 //!     chain input {
 //!         type filter hook input priority 0; policy accept;
 //!         ct state established,related accept               # replies to the pod's connections
 //!         iifname "lo" accept                              # the inbound proxy -> the app
 //!         tcp dport 15008 accept                           # mTLS from other proxies
-//!         ip saddr @hosts4 meta l4proto tcp accept         # the node: kubelet probes
+//!         ip saddr 169.254.7.127 tcp dport @probes accept  # the node's probes (ip6: fd16:9254:7127::1)
 //!         meta l4proto icmp accept                         # ping, errors (ipv6-icmp: also ND)
 //!         meta l4proto tcp reject with tcp reset           # plaintext from anyone else
 //!         reject with icmpx port-unreachable               # UDP, SCTP and the rest
@@ -39,17 +39,19 @@
 
 mod exec;
 mod libnftables;
+mod probes;
 mod ruleset;
 mod verify;
 
 pub use exec::{Nft, NftError};
+pub use probes::{NODE_TABLE, node_batch, node_delete_batch};
 pub use ruleset::{
-    CHAIN, Families, Family, RuleKind, STRICT_CHAIN, Strict, TABLE, TableSpec, create_batch,
-    delete_batch, install_batch, replace_elements_batch,
+    CHAIN, Families, Family, PROBE_SOURCE_V4, PROBE_SOURCE_V6, PROBES_SET, RuleKind, STRICT_CHAIN,
+    Strict, TABLE, TableSpec, create_batch, delete_batch, install_batch, replace_elements_batch,
 };
 pub use verify::{Drift, diff, our_objects};
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
 /// Installs the table with `targets` in its sets, replacing any table an earlier ADD left.
@@ -90,6 +92,17 @@ pub fn release(nft: &Nft, netns: &Path, spec: &TableSpec) -> Result<(), NftError
         ..spec.clone()
     };
     nft.apply(netns, &install_batch(&released, &[]))
+}
+
+/// Gives the node's own TCP connections to `pods` (this node's strict pods) the probe source
+/// address, replacing the node's table (`inet aether-node`, in the node's netns `netns`).
+pub fn apply_node_probes(nft: &Nft, netns: &Path, pods: &[IpAddr]) -> Result<(), NftError> {
+    nft.apply(netns, &node_batch(pods))
+}
+
+/// Removes the node's table; idempotent.
+pub fn delete_node_probes(nft: &Nft, netns: &Path) -> Result<(), NftError> {
+    nft.apply(netns, &node_delete_batch())
 }
 
 /// Every difference between the pod's table and `spec`; empty when it is as installed.

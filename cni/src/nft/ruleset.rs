@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use nftables::batch::Batch;
 use nftables::expr::{CT, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
@@ -22,6 +22,13 @@ pub const TABLE: &str = "aether";
 pub const CHAIN: &str = "output";
 /// The chain of strict mTLS mode, on the pod's incoming packets.
 pub const STRICT_CHAIN: &str = "input";
+/// The set of the ports a strict pod's probes name.
+pub const PROBES_SET: &str = "probes";
+/// The source address the node gives its own connections to strict pods
+/// ([`super::probes`]), i.e. the kubelet's probes: link-local, so no other host can have it.
+pub const PROBE_SOURCE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
+/// The same for IPv6: a unique local address no cluster assigns.
+pub const PROBE_SOURCE_V6: Ipv6Addr = Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0, 0, 0, 0, 1);
 /// NF_IP_PRI_NAT_DST, where `nft` puts `type nat hook output` chains by default.
 const DSTNAT_PRIORITY: i32 = -100;
 
@@ -46,11 +53,11 @@ impl Family {
         }
     }
 
-    /// The set of the node's own addresses, which strict mode lets through.
-    pub fn hosts_set_name(self) -> &'static str {
+    /// The source of the node's probes ([`PROBE_SOURCE_V4`], [`PROBE_SOURCE_V6`]).
+    pub fn probe_source(self) -> IpAddr {
         match self {
-            Family::V4 => "hosts4",
-            Family::V6 => "hosts6",
+            Family::V4 => PROBE_SOURCE_V4.into(),
+            Family::V6 => PROBE_SOURCE_V6.into(),
         }
     }
 
@@ -70,7 +77,7 @@ impl Family {
     }
 
     /// The payload protocol whose `daddr` this family's rule matches.
-    fn protocol(self) -> &'static str {
+    pub(super) fn protocol(self) -> &'static str {
         match self {
             Family::V4 => "ip",
             Family::V6 => "ip6",
@@ -118,14 +125,15 @@ pub struct TableSpec {
 }
 
 /// What strict mode lets in besides the mesh: loopback (the inbound proxy hands requests to
-/// the app there), replies to the pod's own connections, and the node itself (kubelet probes).
+/// the app there), replies to the pod's own connections, and the node's probes: TCP from the
+/// probe source address, to the ports the pod's probes name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Strict {
     /// The node proxy's inbound mTLS port in the pod.
     pub inbound_port: u16,
-    /// The node's own addresses, the elements of `hostsN`. Not part of the shape: like the
-    /// capture set's, they are not compared by CHECK.
-    pub hosts: Vec<IpAddr>,
+    /// The ports the pod's probes name, the elements of `probes`. Not part of the shape: like
+    /// the capture set's, they are not compared by CHECK.
+    pub probe_ports: Vec<u16>,
 }
 
 /// The rules of the table's chains, in order: the output chain's, then strict mode's.
@@ -140,9 +148,9 @@ pub enum RuleKind {
     StrictLoopback,
     /// Strict mode: `tcp dport PORT accept`, the inbound mTLS port.
     StrictInbound(u16),
-    /// Strict mode: `ip saddr @hosts4 meta l4proto tcp accept` (and `ip6 … @hosts6`): the
-    /// node's probes, which are TCP.
-    StrictHosts(Family),
+    /// Strict mode: `ip saddr 169.254.7.127 tcp dport @probes accept` (and `ip6 …`): the
+    /// node's probes.
+    StrictProbes(Family),
     /// Strict mode: `meta l4proto icmp accept` (and `ipv6-icmp`): pings and errors carry no
     /// data, and IPv6 needs neighbour discovery.
     StrictIcmp(Family),
@@ -170,7 +178,7 @@ impl RuleKind {
             RuleKind::StrictInbound(strict.inbound_port),
         ]
         .into_iter()
-        .chain(spec.families.iter().map(RuleKind::StrictHosts))
+        .chain(spec.families.iter().map(RuleKind::StrictProbes))
         .chain(spec.families.iter().map(RuleKind::StrictIcmp))
         .chain([RuleKind::StrictRefuse, RuleKind::StrictRefuseOther])
         .collect()
@@ -225,13 +233,17 @@ impl RuleKind {
                 right: Expression::Number(port.into()),
                 op: Operator::EQ,
             }),
-            RuleKind::StrictHosts(family) => vec![
+            RuleKind::StrictProbes(family) => vec![
                 Statement::Match(Match {
                     left: payload(family.protocol(), "saddr"),
-                    right: Expression::String(format!("@{}", family.hosts_set_name()).into()),
+                    right: Expression::String(family.probe_source().to_string().into()),
                     op: Operator::EQ,
                 }),
-                Statement::Match(l4proto("tcp")),
+                Statement::Match(Match {
+                    left: payload("tcp", "dport"),
+                    right: Expression::String(format!("@{PROBES_SET}").into()),
+                    op: Operator::EQ,
+                }),
                 Statement::Accept(None),
             ],
             RuleKind::StrictIcmp(family) => accept(l4proto(family.icmp())),
@@ -262,10 +274,10 @@ impl RuleKind {
             RuleKind::StrictReplies => "ct state established,related accept".into(),
             RuleKind::StrictLoopback => "iifname \"lo\" accept".into(),
             RuleKind::StrictInbound(port) => format!("tcp dport {port} accept"),
-            RuleKind::StrictHosts(family) => format!(
-                "{} saddr @{} meta l4proto tcp accept",
+            RuleKind::StrictProbes(family) => format!(
+                "{} saddr {} tcp dport @{PROBES_SET} accept",
                 family.protocol(),
-                family.hosts_set_name()
+                family.probe_source()
             ),
             RuleKind::StrictIcmp(family) => format!("meta l4proto {} accept", family.icmp()),
             RuleKind::StrictRefuse => "meta l4proto tcp reject with tcp reset".into(),
@@ -275,7 +287,7 @@ impl RuleKind {
 }
 
 /// `meta l4proto PROTOCOL`.
-fn l4proto(protocol: &'static str) -> Match<'static> {
+pub(super) fn l4proto(protocol: &'static str) -> Match<'static> {
     Match {
         left: Expression::Named(NamedExpression::Meta(Meta {
             key: MetaKey::L4proto,
@@ -299,7 +311,7 @@ impl fmt::Display for Family {
     }
 }
 
-fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
+pub(super) fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
     Expression::Named(NamedExpression::Payload(Payload::PayloadField(
         PayloadField {
             protocol: protocol.into(),
@@ -337,12 +349,12 @@ pub(super) fn set(family: Family) -> Set<'static> {
     }
 }
 
-/// `set hostsN { type ipvN_addr; }`: the node's own addresses, for strict mode.
-pub(super) fn hosts_set(family: Family) -> Set<'static> {
+/// `set probes { type inet_service; }`: the ports the pod's probes name, for strict mode.
+pub(super) fn probes_set() -> Set<'static> {
     Set {
-        name: family.hosts_set_name().into(),
-        set_type: SetTypeValue::Single(family.addr_type()),
-        ..set(family)
+        name: PROBES_SET.into(),
+        set_type: SetTypeValue::Single(SetType::InetService),
+        ..set(Family::V4)
     }
 }
 
@@ -441,9 +453,9 @@ pub fn install_batch(spec: &TableSpec, targets: &[SocketAddr]) -> Nftables<'stat
 fn add_contents(batch: &mut Batch<'static>, spec: &TableSpec, targets: &[SocketAddr]) {
     for family in spec.families.iter() {
         batch.add(NfListObject::Set(Box::new(set(family))));
-        if spec.strict.is_some() {
-            batch.add(NfListObject::Set(Box::new(hosts_set(family))));
-        }
+    }
+    if spec.strict.is_some() {
+        batch.add(NfListObject::Set(Box::new(probes_set())));
     }
     batch.add(NfListObject::Chain(chain()));
     if spec.strict.is_some() {
@@ -459,31 +471,27 @@ fn add_contents(batch: &mut Batch<'static>, spec: &TableSpec, targets: &[SocketA
         if let Some(elements) = elements(family, targets) {
             batch.add(NfListObject::Element(elements));
         }
-        if let Some(hosts) = spec
-            .strict
-            .as_ref()
-            .and_then(|s| host_elements(family, &s.hosts))
-        {
-            batch.add(NfListObject::Element(hosts));
-        }
+    }
+    if let Some(probes) = spec
+        .strict
+        .as_ref()
+        .and_then(|s| probe_elements(&s.probe_ports))
+    {
+        batch.add(NfListObject::Element(probes));
     }
 }
 
-/// `add element inet aether hostsN { ADDR, … }`, or `None` when there are none.
-fn host_elements(family: Family, hosts: &[IpAddr]) -> Option<Element<'static>> {
-    let unique: BTreeSet<IpAddr> = hosts
-        .iter()
-        .filter(|ip| Family::of(**ip) == family)
-        .copied()
-        .collect();
+/// `add element inet aether probes { PORT, … }`, or `None` when there are none.
+fn probe_elements(ports: &[u16]) -> Option<Element<'static>> {
+    let unique: BTreeSet<u16> = ports.iter().copied().collect();
     (!unique.is_empty()).then(|| Element {
         family: NfFamily::INet,
         table: TABLE.into(),
-        name: family.hosts_set_name().into(),
+        name: PROBES_SET.into(),
         elem: Cow::Owned(
             unique
                 .into_iter()
-                .map(|ip| Expression::String(ip.to_string().into()))
+                .map(|port| Expression::Number(port.into()))
                 .collect(),
         ),
     })

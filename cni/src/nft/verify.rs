@@ -7,7 +7,8 @@ use nftables::types::NfFamily;
 use serde_json::Value;
 
 use super::ruleset::{
-    CHAIN, Family, RuleKind, STRICT_CHAIN, TABLE, TableSpec, chain, hosts_set, set, strict_chain,
+    CHAIN, Family, PROBES_SET, RuleKind, STRICT_CHAIN, TABLE, TableSpec, chain, probes_set, set,
+    strict_chain,
 };
 
 /// One way the table differs from what ADD installs.
@@ -115,9 +116,8 @@ fn in_our_table(object: &NfListObject) -> bool {
 fn expected_sets(spec: &TableSpec) -> Vec<Set<'static>> {
     spec.families
         .iter()
-        .flat_map(|family| {
-            std::iter::once(set(family)).chain(spec.strict.as_ref().map(|_| hosts_set(family)))
-        })
+        .map(set)
+        .chain(spec.strict.as_ref().map(|_| probes_set()))
         .collect()
 }
 
@@ -152,7 +152,8 @@ fn diff_sets(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
 fn set_name(set: &Set<'static>) -> &'static str {
     [Family::V4, Family::V6]
         .into_iter()
-        .flat_map(|f| [f.set_name(), f.hosts_set_name()])
+        .map(Family::set_name)
+        .chain([PROBES_SET])
         .find(|name| *name == set.name)
         .unwrap_or("?")
 }

@@ -60,7 +60,7 @@ pub fn add(
         families: Families::for_pod(&ips),
         strict: plan.strict.map(|s| Strict {
             inbound_port: s.inbound_port,
-            hosts: s.hosts,
+            probe_ports: s.probe_ports,
         }),
     };
     let nft = conf.plugin.nft();

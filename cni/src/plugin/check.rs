@@ -41,13 +41,13 @@ pub fn check(
         }) => (registered, capture_port, strict_inbound_port),
         Err(proxy) => return without_proxy(&conf.plugin, &pod, &proxy).map(drop),
     };
-    // The host addresses are set elements, which CHECK does not compare.
+    // The probe ports are set elements, which CHECK does not compare.
     let spec = TableSpec {
         capture_port,
         families: Families::for_pod(&ips),
         strict: strict_inbound_port.map(|inbound_port| Strict {
             inbound_port,
-            hosts: Vec::new(),
+            probe_ports: Vec::new(),
         }),
     };
     let drift = nft::verify(&conf.plugin.nft(), netns, &spec).map_err(|e| {

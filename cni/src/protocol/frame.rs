@@ -193,7 +193,7 @@ mod tests {
                 generation: 4,
                 strict: Some(super::super::StrictPlan {
                     inbound_port: 15008,
-                    hosts: vec!["10.0.0.1".parse().unwrap()],
+                    probe_ports: vec![8080],
                 }),
             })),
             Response::Registered,

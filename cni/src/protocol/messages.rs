@@ -97,8 +97,9 @@ pub struct CapturePlan {
 pub struct StrictPlan {
     /// The proxy's inbound mTLS port: the only one other hosts may open connections to.
     pub inbound_port: u16,
-    /// The node's own addresses, which may still connect in plaintext (kubelet probes).
-    pub hosts: Vec<IpAddr>,
+    /// The ports the pod's probes name: the node's probes may connect to them in plaintext
+    /// (from the probe source address, see `nft::probes`).
+    pub probe_ports: Vec<u16>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

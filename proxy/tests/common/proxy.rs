@@ -99,7 +99,7 @@ impl TestProxy {
             state_dir: dir.join("state"),
             capture_port: CAPTURE_PORT,
             inbound_port: None,
-            hosts: Vec::new(),
+            node_netns: None,
             nft: Nft::default(),
             limits,
         };

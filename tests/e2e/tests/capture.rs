@@ -8,7 +8,9 @@
 //!   themselves once the proxies are back (which also remove the nodes' not-ready taint);
 //! - a pod's nft table deleted by hand and aether-cni's entry dropped from a node's CNI config
 //!   are put back by the node's proxy, with an Event;
-//! - strict mTLS refuses plaintext into meshed pods, running ones and new ones;
+//! - strict mTLS refuses plaintext into meshed pods, running ones and new ones; from its own
+//!   node a strict pod takes plaintext only on the ports its probes name (the kubelet's probes
+//!   keep it Ready), and NodePort traffic is refused;
 //! - with the operator stopped and a node's NodeConfig deleted, that node's pods keep their
 //!   capture set and routes, also across a restart of its proxy (which, without a CA, refuses
 //!   rather than send plaintext);
@@ -597,13 +599,94 @@ async fn strict_mode_refuses_plaintext(cluster: &Cluster) -> Result<()> {
     }
     wait_answer(cluster, &from, "http://echo/v1", Some(200)).await?;
     eprintln!("strict mode: a pod created in it refuses plaintext from its first packet");
+    let node_port = strict_mode_admits_only_the_nodes_probes(cluster).await?;
 
     cluster.kubectl(&["label", "namespace", MESH_NS, &format!("{MTLS_LABEL}-")])?;
     wait_answer(cluster, &from, &new_plaintext, Some(200)).await?;
-    eprintln!("strict mode off: plaintext is let in again");
+    let deadline = Instant::now() + CONSISTENCY_TIMEOUT;
+    while node_connect(cluster, "node-1", &node_port)? != Reached::Connected {
+        if Instant::now() > deadline {
+            bail!("strict mode off: NodePort {node_port} is still refused");
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+    }
+    cluster.kubectl(&[
+        "-n",
+        MESH_NS,
+        "delete",
+        "--wait",
+        "pod/probed",
+        "service/probed",
+    ])?;
+    eprintln!("strict mode off: plaintext is let in again, NodePort too");
     cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
     wait_nodes_applied(cluster).await?;
     Ok(())
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Reached {
+    Connected,
+    Refused(String),
+}
+
+/// A plaintext TCP connection from `node`'s own network (its node shell) to `to`.
+fn node_connect(cluster: &Cluster, node: &str, to: &str) -> Result<Reached> {
+    let shell = aether_e2e::node::shell(cluster, node)?;
+    let (host, port) = to.rsplit_once(':').unwrap_or((to, ""));
+    let script = format!("nc -w 2 {host} {port} </dev/null 2>&1; echo exit=$?");
+    let output = cluster.exec(&shell, "shell", &["sh", "-c", &script])?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    Ok(if text.trim_end().ends_with("exit=0") {
+        Reached::Connected
+    } else {
+        Reached::Refused(text)
+    })
+}
+
+/// In strict mode a pod probed on 8080 that also serves 9000 becomes Ready (the kubelet's
+/// probes get in), its node reaches 8080 but not 9000, and its NodePort, reached from the
+/// other node, is refused. Returns that NodePort's `node-ip:port`.
+async fn strict_mode_admits_only_the_nodes_probes(cluster: &Cluster) -> Result<String> {
+    cluster.apply_text(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: probed, namespace: {MESH_NS}, labels: {{app: probed}}}}\n\
+         spec:\n  nodeName: node-2\n  containers:\n  - name: echo\n    image: \"{ECHO_IMAGE}\"\n\
+         \x20   args: [--port=8080, --port=9000]\n\
+         \x20   readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: probed, namespace: {MESH_NS}}}\n\
+         spec:\n  type: NodePort\n  selector: {{app: probed}}\n  ports: [{{name: tcp, port: 8080}}]\n"
+    ))?;
+    let probed = wait_pods(cluster, MESH_NS, "app=probed", 1)
+        .await?
+        .remove(0);
+    let ip = pod_ip(&probed)?;
+    eprintln!("strict mode: a pod probed by the kubelet became Ready");
+    let probe_port = node_connect(cluster, "node-2", &format!("{ip}:8080"))?;
+    let other_port = node_connect(cluster, "node-2", &format!("{ip}:9000"))?;
+    if probe_port != Reached::Connected || other_port == Reached::Connected {
+        bail!(
+            "strict mode, from the pod's node: probe port {probe_port:?}, other port {other_port:?}"
+        );
+    }
+    let service: Value = serde_json::from_str(
+        &cluster.kubectl(&["-n", MESH_NS, "get", "service", "probed", "-o", "json"])?,
+    )?;
+    let node: Value =
+        serde_json::from_str(&cluster.kubectl(&["get", "node", "node-2", "-o", "json"])?)?;
+    let node_ip = node["status"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let node_port = format!("{node_ip}:{}", service["spec"]["ports"][0]["nodePort"]);
+    if let Reached::Connected = node_connect(cluster, "node-1", &node_port)? {
+        bail!("strict mode: NodePort {node_port} reached the pod in plaintext");
+    }
+    eprintln!("strict mode: the node reaches only the probe port, NodePort traffic is refused");
+    Ok(node_port)
 }
 
 async fn uninstall_leaves_nothing(cluster: &Cluster) -> Result<()> {

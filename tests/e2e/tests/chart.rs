@@ -425,36 +425,33 @@ fn the_operator_is_highly_available() -> Result<()> {
     Ok(())
 }
 
+/// The operator Role's rules on Secrets.
+fn secret_rules(objects: &[Value]) -> Result<Vec<&Value>> {
+    let role = find(objects, "Role", "aether-operator")?;
+    Ok(role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| strings(&r["resources"]).contains(&"secrets"))
+        .collect())
+}
+
 #[test]
 fn the_operator_reads_only_its_own_ca_secret() -> Result<()> {
     let objects = render(&["ca.existingSecret=mesh-root"])?;
     let pod = &find(&objects, "Deployment", "aether-operator")?["spec"]["template"]["spec"];
     let args = strings(&container(pod, "containers", "operator")?["args"]);
     assert!(args.contains(&"--ca-secret=mesh-root"), "{args:?}");
-    let role = find(&objects, "Role", "aether-operator")?;
-    let secret_rules: Vec<&Value> = role["rules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| strings(&r["resources"]).contains(&"secrets"))
-        .collect();
     assert_eq!(
-        secret_rules,
+        secret_rules(&objects)?,
         [
             &json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mesh-root"], "verbs": ["get"]})
         ]
     );
     // A generated root: the operator reads its own Secret only, and may create it.
     let objects = render(&[])?;
-    let role = find(&objects, "Role", "aether-operator")?;
-    let secret_rules: Vec<&Value> = role["rules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| strings(&r["resources"]).contains(&"secrets"))
-        .collect();
     assert_eq!(
-        secret_rules,
+        secret_rules(&objects)?,
         [
             &json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["aether-ca"], "verbs": ["get"]}),
             &json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]})

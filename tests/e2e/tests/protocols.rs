@@ -1,0 +1,137 @@
+//! What a port carries decides how the mesh treats it, on the local cluster:
+//!
+//! - A protocol whose server speaks first (an SMTP-like banner) on a port that declares
+//!   nothing: the caller's proxy waits briefly for the client's first bytes, gets none, and
+//!   carries the connection as bytes over the mesh, so the banner reaches the client. Parsed as
+//!   HTTP it would never arrive.
+//! - A tenant's HTTPRoute on `default/kubernetes`, whose port is named `https`: the route is not
+//!   accepted (`UnsupportedProtocol`), and the tenant's own meshed pods still reach the API
+//!   server over its TLS.
+
+use std::time::{Duration, Instant};
+
+use aether_e2e::Cluster;
+use aether_e2e::mesh::{ECHO_IMAGE, client, install, uninstall, wait_nodes_applied};
+use aether_e2e::node::NODE_SHELL_IMAGE;
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use serde_json::Value;
+
+const NS: &str = "e2e-protocols";
+const BANNER: &str = "220 aether-banner ready";
+
+fn workloads() -> String {
+    format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}, labels: {{aether.io/managed: \"true\"}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: banner, namespace: {NS}, labels: {{app: banner}}}}\n\
+         spec:\n  nodeName: node-2\n  containers:\n  - name: shell\n    image: \"{NODE_SHELL_IMAGE}\"\n\
+         \x20   command: [sh, -c, \"while true; do echo '{BANNER}' | nc -l -p 2525; done\"]\n\
+         \x20   ports: [{{name: smtp, containerPort: 2525}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: mail, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: banner}}\n  ports: [{{name: mail, port: 25, targetPort: smtp}}]\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: shell, namespace: {NS}}}\n\
+         spec:\n  nodeName: node-1\n  containers:\n  - name: shell\n    image: \"{NODE_SHELL_IMAGE}\"\n\
+         \x20   command: [sleep, \"86400\"]\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: echo, namespace: {NS}}}\n\
+         spec:\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: hijack, namespace: {NS}}}\n\
+         spec:\n  parentRefs: [{{group: \"\", kind: Service, name: kubernetes, namespace: default, port: 443}}]\n\
+         \x20 rules: [{{backendRefs: [{{name: mail, port: 25}}]}}]\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_are_carried_as_what_they_are() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    install(&cluster, &[]).await?;
+    cluster.delete_namespaces(&[NS])?;
+    cluster.apply_text(&workloads())?;
+    cluster.wait_ready(NS, 3, Duration::from_secs(90)).await?;
+    wait_nodes_applied(&cluster).await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NS);
+
+    let shell = pods.get("shell").await.context("the shell pod")?;
+    a_server_first_protocol_gets_its_banner_through(&cluster, &shell).await?;
+    let echo = pods.get("echo").await.context("the echo pod")?;
+    a_route_on_the_api_servers_https_port_changes_nothing(&cluster, &echo).await?;
+
+    cluster.delete_namespaces(&[NS])?;
+    uninstall(&cluster).await?;
+    Ok(())
+}
+
+async fn a_server_first_protocol_gets_its_banner_through(
+    cluster: &Cluster,
+    shell: &Pod,
+) -> Result<()> {
+    // The client stays silent for 2 s, well past the proxy's sniffing wait: it only reads.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let output = cluster.exec(shell, "shell", &["sh", "-c", "sleep 2 | nc -w 5 mail 25"])?;
+        let got = String::from_utf8_lossy(&output.stdout);
+        if got.contains(BANNER) {
+            eprintln!(
+                "a server-first protocol on an undeclared port got its banner through the mesh"
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no banner from a server-first protocol: {got:?} {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn a_route_on_the_api_servers_https_port_changes_nothing(
+    cluster: &Cluster,
+    echo: &Pod,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let route: Value = serde_json::from_str(&cluster.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "httproute",
+            "hijack",
+            "-o",
+            "json",
+        ])?)?;
+        let accepted = route["status"]["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["conditions"].as_array().into_iter().flatten())
+            .find(|c| c["type"] == "Accepted")
+            .cloned();
+        match accepted {
+            Some(c) if c["status"] == "False" && c["reason"] == "UnsupportedProtocol" => break,
+            Some(c) if c["status"] == "True" => {
+                bail!("a tenant's route on default/kubernetes:443 was accepted: {c}")
+            }
+            _ if Instant::now() > deadline => {
+                bail!("the route on default/kubernetes:443 has no verdict: {route}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    let args = [
+        "https://kubernetes.default.svc/version".to_string(),
+        "--insecure-skip-verify".to_string(),
+    ];
+    let answered = client(cluster, echo, &args).await?;
+    match answered.first().and_then(|e| e.status) {
+        // Anonymous: the API server answers, its TLS untouched by the mesh.
+        Some(status) => eprintln!(
+            "a tenant's route on default/kubernetes:443 is UnsupportedProtocol; the API server still answers its pods ({status})"
+        ),
+        None => bail!(
+            "with a tenant's route on default/kubernetes, the API server did not answer: {answered:?}"
+        ),
+    }
+    Ok(())
+}
