@@ -277,6 +277,7 @@ fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
         strict: Some(StrictPlan {
             inbound_port: 15008,
             probe_ports: vec![8080],
+            proxied_probe_ports: vec![8081],
         }),
         ..ProxyState::default()
     });
@@ -288,10 +289,15 @@ fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
     assert!(text.contains("chain input"), "{text}");
     assert!(text.contains("tcp dport 15008 accept"), "{text}");
     assert!(
-        text.contains("ip saddr 169.254.7.127 tcp dport @probes accept"),
+        text.contains("ip saddr 169.254.7.127 tcp dport @proxied_probes redirect to :15008"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ip saddr 169.254.7.127 tcp dport @probes reject with tcp reset"),
         "{text}"
     );
     assert!(text.contains("elements = { 8080 }"), "{text}");
+    assert!(text.contains("elements = { 8081 }"), "{text}");
     node.aether_command("CHECK", &pod, Some(&prev)).ok();
 
     // Strict mode's refusal deleted by hand is drift.

@@ -64,6 +64,7 @@ fn the_protocol_decoder_survives_mutated_input() {
             strict: Some(StrictPlan {
                 inbound_port: 15008,
                 probe_ports: vec![8080, 9090],
+                proxied_probe_ports: vec![8081],
             }),
         }))),
         encode_response(&Response::Pong),

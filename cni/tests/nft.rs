@@ -3,8 +3,9 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aether_cni::nft::{self, Deleted, Drift, Families, Nft, NftError, Strict, TableSpec};
 use common::netns::in_netns;
@@ -156,6 +157,38 @@ fn connects(netns: &Netns, to: &str) -> bool {
     })
 }
 
+/// The next connection `listener` accepts within 2 s.
+fn accepted(listener: &TcpListener) -> Option<TcpStream> {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if let Ok((stream, _)) = listener.accept() {
+            stream.set_nonblocking(false).unwrap();
+            return Some(stream);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Whether a request with a forged caller identity, sent from `netns` to `to`, reaches the
+/// server listening on `server`.
+fn request_arrives(netns: &Netns, to: &str, server: &TcpListener) -> bool {
+    let to: SocketAddr = to.parse().unwrap();
+    let client = in_netns(netns.path(), move || {
+        let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()?;
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nx-aether-client-identity: spiffe://forged\r\n\r\n")
+            .ok()?;
+        Some(stream)
+    });
+    let (Some(_client), Some(mut conn)) = (client, accepted(server)) else {
+        return false;
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    matches!(conn.read(&mut [0; 64]), Ok(n) if n > 0)
+}
+
 #[test]
 fn strict_mode_refuses_plaintext_but_the_nodes_probes_on_probe_ports() {
     require_root();
@@ -169,9 +202,11 @@ fn strict_mode_refuses_plaintext_but_the_nodes_probes_on_probe_ports() {
         let listen = |netns: &Netns, addr: &'static str| {
             in_netns(netns.path(), move || TcpListener::bind(addr).unwrap())
         };
-        let _app = listen(&pod, "0.0.0.0:8080");
+        // 8080 is probed by connecting, 8081 with requests.
+        let app = listen(&pod, "0.0.0.0:8080");
+        let http_app = listen(&pod, "0.0.0.0:8081");
         let _admin = listen(&pod, "0.0.0.0:9000");
-        let _inbound = listen(&pod, "0.0.0.0:15008");
+        let inbound = listen(&pod, "0.0.0.0:15008");
         // Replies to the probe source go to the pod's gateway, the node.
         pod.ip(&["route", "add", "default", "via", "10.77.2.2"]);
         let _elsewhere = listen(&other_host, "10.77.1.2:9000");
@@ -180,6 +215,7 @@ fn strict_mode_refuses_plaintext_but_the_nodes_probes_on_probe_ports() {
             strict: Some(Strict {
                 inbound_port: 15008,
                 probe_ports: vec![8080],
+                proxied_probe_ports: vec![8081],
             }),
             ..spec(15001)
         };
@@ -197,16 +233,45 @@ fn strict_mode_refuses_plaintext_but_the_nodes_probes_on_probe_ports() {
             connects(&other_host, "10.77.1.1:15008"),
             "the inbound mTLS port"
         );
+        accepted(&inbound).unwrap();
         // Without the node's table the node's connections keep its own address: refused.
         assert!(!connects(&node, "10.77.2.1:8080"), "the node, untranslated");
-        nft::apply_node_probes(&nft, node.path(), &["10.77.2.1".parse().unwrap()]).unwrap();
+        let strict_pods = ["10.77.2.1".parse().unwrap()];
+        nft::apply_node_probes(&nft, node.path(), &strict_pods).unwrap();
+        assert_eq!(
+            nft::verify_node_probes(&nft, node.path(), &strict_pods).unwrap(),
+            None
+        );
+        assert!(
+            nft::verify_node_probes(&nft, node.path(), &[])
+                .unwrap()
+                .is_some(),
+            "another set of strict pods is drift"
+        );
         assert!(
             connects(&node, "10.77.2.1:8080"),
             "the node's probe of a probe port"
         );
+        accepted(&app).unwrap();
+        assert!(
+            !request_arrives(&node, "10.77.2.1:8080", &app),
+            "the node's data, to a port its probes only connect to"
+        );
         assert!(
             !connects(&node, "10.77.2.1:9000"),
             "the node, to a port no probe names"
+        );
+        assert!(
+            request_arrives(&node, "10.77.2.1:8081", &inbound),
+            "the node's request to a probed port, at the inbound proxy"
+        );
+        assert!(
+            accepted(&http_app).is_none(),
+            "the node's request to a probed port, straight to the app"
+        );
+        assert!(
+            !connects(&other_host, "10.77.1.1:8081"),
+            "another host, to a port probed with requests"
         );
         assert!(
             !connects(&other_host, "10.77.1.1:8080"),
@@ -220,6 +285,12 @@ fn strict_mode_refuses_plaintext_but_the_nodes_probes_on_probe_ports() {
         );
         nft::delete_node_probes(&nft, node.path()).unwrap();
         nft::delete_node_probes(&nft, node.path()).unwrap();
+        assert_eq!(
+            nft::verify_node_probes(&nft, node.path(), &[])
+                .unwrap()
+                .as_deref(),
+            Some("table inet aether-node is missing")
+        );
         assert!(
             connects(&pod, "127.0.0.1:8080"),
             "loopback (the inbound proxy)"

@@ -26,6 +26,7 @@ use crate::dataplane::{DataPlane, ForwardCounts};
 use crate::listeners::{ConnectionLimits, Listeners, PodInfo, Role, capture_addrs, inbound_addr};
 use crate::netns;
 use crate::pod_view::{self, PodView};
+use crate::probes::Probes;
 use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
 
 /// The registry's file in the state directory.
@@ -295,9 +296,13 @@ impl Agent {
                     capture_port: self.capture_port,
                     targets: capture.targets,
                     generation: capture.generation,
-                    strict: self.strict_port(pod).map(|inbound_port| StrictPlan {
-                        inbound_port,
-                        probe_ports: self.probe_ports(pod),
+                    strict: self.strict_port(pod).map(|inbound_port| {
+                        let probes = self.probes(pod);
+                        StrictPlan {
+                            inbound_port,
+                            probe_ports: probes.connect_only(),
+                            proxied_probe_ports: probes.proxied(),
+                        }
                     }),
                 }))
             }
@@ -776,19 +781,23 @@ impl Agent {
         TableSpec {
             capture_port: pod.capture_port,
             families: pod.families(),
-            strict: pod.strict_inbound_port.map(|inbound_port| Strict {
-                inbound_port,
-                probe_ports: self.probe_ports(&pod.pod),
+            strict: pod.strict_inbound_port.map(|inbound_port| {
+                let probes = self.probes(&pod.pod);
+                Strict {
+                    inbound_port,
+                    probe_ports: probes.connect_only(),
+                    proxied_probe_ports: probes.proxied(),
+                }
             }),
         }
     }
 
-    /// The ports the pod's probes name; none while the view does not know the pod (its
-    /// probes are then refused until the next reinstall, never other ports let in).
-    fn probe_ports(&self, pod: &PodRef) -> Vec<u16> {
-        self.view.probe_ports(pod).unwrap_or_else(|e| {
-            warn!(pod = %pod, error = %e, "the pod's probe ports are not known; its probes are refused for now");
-            Vec::new()
+    /// The pod's probes; none while the view does not know the pod (its probes are then
+    /// refused until the next reinstall, never other ports let in).
+    fn probes(&self, pod: &PodRef) -> Probes {
+        self.view.probes(pod).unwrap_or_else(|e| {
+            warn!(pod = %pod, error = %e, "the pod's probes are not known; they are refused for now");
+            Probes::default()
         })
     }
 
@@ -819,6 +828,38 @@ impl Agent {
                 *applied = Some(pods);
             }
             Err(e) => warn!(error = %e, "cannot update the node's table of strict pods; retrying"),
+        }
+    }
+
+    /// Puts the node's table of strict pods back when it is not the one last applied (deleted
+    /// or changed by hand: the node's probes of strict pods would be refused). Returns whether
+    /// it did.
+    pub fn repair_node_probes(&self) -> bool {
+        let Some(netns) = &self.node_netns else {
+            return false;
+        };
+        let applied = self.node_probes.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pods) = applied.as_ref() else {
+            return false;
+        };
+        let list: Vec<IpAddr> = pods.iter().copied().collect();
+        let drift = match nft::verify_node_probes(&self.nft, netns, &list) {
+            Ok(None) => return false,
+            Ok(Some(drift)) => drift,
+            Err(e) => {
+                debug!(error = %e, "cannot check the node's table of strict pods");
+                return false;
+            }
+        };
+        match nft::apply_node_probes(&self.nft, netns, &list) {
+            Ok(()) => {
+                warn!(%drift, "repaired the node's table of strict pods");
+                true
+            }
+            Err(e) => {
+                error!(%drift, error = %e, "cannot repair the node's table of strict pods");
+                false
+            }
         }
     }
 

@@ -39,6 +39,7 @@ use crate::last_config::LastConfig;
 use crate::mesh::{Inputs, Snapshot};
 use crate::metrics::Metrics;
 use crate::pod_view::{Labels, PodView, ViewError};
+use crate::probes::Probes;
 
 /// Changes arriving together are applied together.
 const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -332,24 +333,24 @@ impl PodView for ClusterView {
         Ok(ips_of(&found))
     }
 
-    fn probe_ports(&self, pod: &PodRef) -> Result<Vec<u16>, ViewError> {
+    fn probes(&self, pod: &PodRef) -> Result<Probes, ViewError> {
         if !self.is_synced() {
             return Err(ViewError::NotReady("the watch caches are filling".into()));
         }
         let found = self
             .pod(pod)
             .ok_or_else(|| ViewError::UnknownPod(pod.clone()))?;
-        Ok(found
-            .spec
-            .as_ref()
-            .map(crate::pod_view::probe_ports)
-            .unwrap_or_default())
+        Ok(found.spec.as_ref().map(Probes::of).unwrap_or_default())
     }
 }
 
 impl Workloads for ClusterView {
     fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount> {
         self.pod(pod).map(|p| service_account_of(&p))
+    }
+
+    fn probes(&self, pod: &PodRef) -> Probes {
+        PodView::probes(self, pod).unwrap_or_default()
     }
 
     fn declared_ports(&self, pod: &PodRef) -> Vec<u16> {
@@ -875,6 +876,10 @@ pub async fn repair_drift(
             && let Ok(true) = tokio::task::spawn_blocking(move || cni.repair()).await
         {
             metrics.drift_repaired("cni_config");
+        }
+        let node = agent.clone();
+        if let Ok(true) = tokio::task::spawn_blocking(move || node.repair_node_probes()).await {
+            metrics.drift_repaired("node_table");
         }
         let agent = agent.clone();
         let Ok(repairs) = tokio::task::spawn_blocking(move || agent.repair_drift()).await else {

@@ -5,6 +5,7 @@
 //!   drift repair.
 //! - [`registry`]: the registered pods, persisted so a restarted proxy reopens their listeners.
 //! - [`pod_view`]: namespace labels and pod annotations, which decide whether a pod is meshed.
+//! - [`probes`]: how the kubelet probes a pod, which strict mode lets through.
 //! - [`enrol`]: which running pods of the node to mesh or take out of the mesh, no restart.
 //! - [`capture_set`]: the route-target ClusterIP:ports every meshed pod's table captures.
 //! - [`last_config`]: the node's last NodeConfig, kept for a restart without it.
@@ -35,5 +36,6 @@ pub mod mesh;
 pub mod metrics;
 pub mod netns;
 pub mod pod_view;
+pub mod probes;
 pub mod registry;
 pub mod state_file;

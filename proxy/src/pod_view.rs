@@ -8,8 +8,8 @@ use std::net::IpAddr;
 use aether_cni::decision::{self, Meshing};
 use aether_cni::protocol::PodRef;
 use aether_crds::well_known::{MTLS_LABEL, MTLS_STRICT};
-use k8s_openapi::api::core::v1::{Container, PodSpec, Probe};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::probes::Probes;
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -19,10 +19,10 @@ pub trait PodView: Send + Sync {
     /// The pod's addresses as the API server has them (`status.podIPs`; none before its
     /// sandbox is set up).
     fn pod_ips(&self, pod: &PodRef) -> Result<Vec<IpAddr>, ViewError>;
-    /// The ports the pod's probes name ([`probe_ports`]). A view without pod specs (no
-    /// cluster, hence no strict mode) knows none.
-    fn probe_ports(&self, _pod: &PodRef) -> Result<Vec<u16>, ViewError> {
-        Ok(Vec::new())
+    /// The pod's probes. A view without pod specs (no cluster, hence no strict mode) knows
+    /// none.
+    fn probes(&self, _pod: &PodRef) -> Result<Probes, ViewError> {
+        Ok(Probes::default())
     }
 }
 
@@ -47,46 +47,6 @@ pub fn meshing(view: &dyn PodView, pod: &PodRef) -> Result<Meshing, ViewError> {
     }
     let annotations = view.pod_annotations(pod)?;
     Ok(decision::decide(pod, &labels, &annotations))
-}
-
-/// The TCP ports the kubelet probes (liveness, readiness and startup probes' `httpGet`,
-/// `tcpSocket` and `grpc`), named ports resolved against their container's, sorted. Strict mode
-/// lets the node's probes reach these ports, and no other.
-pub fn probe_ports(spec: &PodSpec) -> Vec<u16> {
-    let containers = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten());
-    let mut ports: Vec<u16> = containers
-        .flat_map(|c| {
-            [&c.liveness_probe, &c.readiness_probe, &c.startup_probe]
-                .into_iter()
-                .flatten()
-                .filter_map(move |probe| probe_port(c, probe))
-        })
-        .collect();
-    ports.sort_unstable();
-    ports.dedup();
-    ports
-}
-
-fn probe_port(container: &Container, probe: &Probe) -> Option<u16> {
-    let named = |port: &IntOrString| match port {
-        IntOrString::Int(n) => u16::try_from(*n).ok(),
-        IntOrString::String(name) => container
-            .ports
-            .iter()
-            .flatten()
-            .find(|p| p.name.as_deref() == Some(name.as_str()))
-            .and_then(|p| u16::try_from(p.container_port).ok()),
-    };
-    if let Some(http) = &probe.http_get {
-        return named(&http.port);
-    }
-    if let Some(tcp) = &probe.tcp_socket {
-        return named(&tcp.port);
-    }
-    probe.grpc.as_ref().and_then(|g| u16::try_from(g.port).ok())
 }
 
 /// Whether the pod's namespace asks for strict mTLS (`aether.io/mtls=strict`).
@@ -128,27 +88,6 @@ mod tests {
         fn pod_ips(&self, pod: &PodRef) -> Result<Vec<IpAddr>, ViewError> {
             Err(ViewError::UnknownPod(pod.clone()))
         }
-    }
-
-    #[test]
-    fn probe_ports_are_those_of_every_probe_kind_with_names_resolved() {
-        let spec: PodSpec = serde_json::from_value(serde_json::json!({
-            "containers": [{
-                "name": "app",
-                "ports": [{"name": "http", "containerPort": 8080}],
-                "livenessProbe": {"httpGet": {"port": "http", "path": "/healthz"}},
-                "readinessProbe": {"tcpSocket": {"port": 8080}},
-                "startupProbe": {"grpc": {"port": 9090}},
-            }, {
-                "name": "sidecar",
-                "readinessProbe": {"exec": {"command": ["true"]}},
-                "livenessProbe": {"httpGet": {"port": "missing"}},
-            }],
-            "initContainers": [{"name": "init", "startupProbe": {"tcpSocket": {"port": 7000}}}],
-        }))
-        .unwrap();
-        assert_eq!(probe_ports(&spec), [7000, 8080, 9090]);
-        assert_eq!(probe_ports(&PodSpec::default()), Vec::<u16>::new());
     }
 
     fn pod(namespace: &str, name: &str) -> PodRef {

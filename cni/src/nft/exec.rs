@@ -19,7 +19,8 @@ use nix::errno::Errno;
 use nix::sched::{CloneFlags, setns};
 
 use super::libnftables::Libnftables;
-use super::verify::our_objects;
+use super::ruleset::TABLE;
+use super::verify::table_objects;
 
 #[derive(Clone, Debug)]
 pub struct Nft {
@@ -91,9 +92,14 @@ impl Nft {
     /// Our table's objects, from `nft -j list ruleset`; nothing when the table is missing.
     /// Listing the ruleset, not the table, spares parsing `nft`'s "No such file" error text.
     pub fn list_ours(&self, netns: &Path) -> Result<Nftables<'static>, NftError> {
+        self.list_table(netns, TABLE)
+    }
+
+    /// The objects of table `inet NAME`, the same way.
+    pub fn list_table(&self, netns: &Path, name: &str) -> Result<Nftables<'static>, NftError> {
         let out = self.run(netns, Op::ListRuleset)?;
         let listing = serde_json::from_str(&out).map_err(NftError::InvalidJson)?;
-        our_objects(&listing).map_err(NftError::InvalidJson)
+        table_objects(&listing, name).map_err(NftError::InvalidJson)
     }
 
     fn run(&self, netns: &Path, op: Op) -> Result<String, NftError> {

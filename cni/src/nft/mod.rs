@@ -16,16 +16,25 @@
 //! plaintext into the pod:
 //!
 //! ```text
-//!     set probes { type inet_service; }                    # the ports the pod's probes name
+//!     set probes { type inet_service; }          # ports the pod's probes only connect to
+//!     set proxied_probes { type inet_service; }  # ports its probes send requests to
+//!     chain prerouting {
+//!         type nat hook prerouting priority -100; policy accept;
+//!         # the node's requests to probe ports go to the inbound proxy, which passes on only
+//!         # the probes' requests (ip6: from fd16:9254:7127::1)
+//!         ip saddr 169.254.7.127 tcp dport @proxied_probes redirect to :15008
+//!     }
 //!     chain input {
 //!         type filter hook input priority 0; policy accept;
-//!         ct state established,related accept               # replies to the pod's connections
-//!         iifname "lo" accept                              # the inbound proxy -> the app
-//!         tcp dport 15008 accept                           # mTLS from other proxies
-//!         ip saddr 169.254.7.127 tcp dport @probes accept  # the node's probes (ip6: fd16:9254:7127::1)
-//!         meta l4proto icmp accept                         # ping, errors (ipv6-icmp: also ND)
-//!         meta l4proto tcp reject with tcp reset           # plaintext from anyone else
-//!         reject with icmpx port-unreachable               # UDP, SCTP and the rest
+//!         # connect-only probes: packets without data (one rule per TCP data offset 5..15)
+//!         ip saddr 169.254.7.127 tcp dport @probes ip hdrlength 5 tcp doff 5 ip length 40 accept
+//!         ip saddr 169.254.7.127 tcp dport @probes reject with tcp reset  # their data
+//!         ct state established,related accept     # replies to the pod's connections
+//!         iifname "lo" accept                     # the inbound proxy -> the app
+//!         tcp dport 15008 accept                  # mTLS from other proxies, redirected probes
+//!         meta l4proto icmp accept                # ping, errors (ipv6-icmp: also ND)
+//!         meta l4proto tcp reject with tcp reset  # plaintext from anyone else
+//!         reject with icmpx port-unreachable      # UDP, SCTP and the rest
 //!     }
 //! ```
 //!
@@ -44,10 +53,11 @@ mod ruleset;
 mod verify;
 
 pub use exec::{Nft, NftError};
-pub use probes::{NODE_TABLE, node_batch, node_delete_batch};
+pub use probes::{NODE_TABLE, node_batch, node_delete_batch, node_drift};
 pub use ruleset::{
-    CHAIN, Families, Family, PROBE_SOURCE_V4, PROBE_SOURCE_V6, PROBES_SET, RuleKind, STRICT_CHAIN,
-    Strict, TABLE, TableSpec, create_batch, delete_batch, install_batch, replace_elements_batch,
+    CHAIN, Families, Family, PROBE_CHAIN, PROBE_SOURCE_V4, PROBE_SOURCE_V6, PROBES_SET,
+    PROXIED_PROBES_SET, RuleKind, STRICT_CHAIN, Strict, TABLE, TableSpec, create_batch,
+    delete_batch, install_batch, replace_elements_batch,
 };
 pub use verify::{Drift, diff, our_objects};
 
@@ -98,6 +108,16 @@ pub fn release(nft: &Nft, netns: &Path, spec: &TableSpec) -> Result<(), NftError
 /// address, replacing the node's table (`inet aether-node`, in the node's netns `netns`).
 pub fn apply_node_probes(nft: &Nft, netns: &Path, pods: &[IpAddr]) -> Result<(), NftError> {
     nft.apply(netns, &node_batch(pods))
+}
+
+/// How the node's table differs from the one [`apply_node_probes`] makes for `pods`; `None`
+/// when it is that table.
+pub fn verify_node_probes(
+    nft: &Nft,
+    netns: &Path,
+    pods: &[IpAddr],
+) -> Result<Option<String>, NftError> {
+    Ok(node_drift(&nft.list_table(netns, NODE_TABLE)?, pods))
 }
 
 /// Removes the node's table; idempotent.

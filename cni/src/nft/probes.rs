@@ -3,8 +3,10 @@
 //! kubelet's probes come from an address of the node, as does anything else the node sends, and
 //! traffic it forwards after masquerading (NodePort) looks the same to the pod. Translated here,
 //! the probes arrive from [`PROBE_SOURCE_V4`] (or [`PROBE_SOURCE_V6`]), which a strict pod
-//! admits on the ports its probes name only; forwarded traffic is not the node's own
-//! (`fib saddr type local` fails before any masquerade), keeps its address and is refused.
+//! admits on the ports its probes name only, as the probes use them (see [`super::ruleset`]'s
+//! probe sets): any host process gets the same source, so it may do no more than a probe.
+//! Forwarded traffic is not the node's own (`fib saddr type local` fails before any
+//! masquerade), keeps its address and is refused.
 //!
 //! ```text
 //! table inet aether-node {
@@ -27,7 +29,9 @@ use std::net::IpAddr;
 
 use nftables::batch::Batch;
 use nftables::expr::{Expression, Fib, FibFlag, FibResult, NamedExpression};
-use nftables::schema::{Chain, Element, NfListObject, Nftables, Rule, Set, SetTypeValue, Table};
+use nftables::schema::{
+    Chain, Element, NfListObject, NfObject, Nftables, Rule, Set, SetTypeValue, Table,
+};
 use nftables::stmt::{Match, NAT, NATFamily, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
@@ -38,6 +42,8 @@ const CHAIN: &str = "postrouting";
 /// Just before NF_IP_PRI_NAT_SRC (100), where kube-proxy masquerades: the first source
 /// translation of a connection is the one it keeps.
 const PRIORITY: i32 = 90;
+/// The table has both families' sets and rules, whatever the node's pods have.
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 
 fn set_name(family: Family) -> &'static str {
     match family {
@@ -68,8 +74,7 @@ pub fn node_batch(pods: &[IpAddr]) -> Nftables<'static> {
     batch.add(NfListObject::Table(table()));
     batch.delete(NfListObject::Table(table()));
     batch.add(NfListObject::Table(table()));
-    let families = [Family::V4, Family::V6];
-    for family in families {
+    for family in FAMILIES {
         batch.add(NfListObject::Set(Box::new(Set {
             family: NfFamily::INet,
             table: NODE_TABLE.into(),
@@ -97,7 +102,7 @@ pub fn node_batch(pods: &[IpAddr]) -> Nftables<'static> {
         handle: None,
         dev: None,
     }));
-    for family in families {
+    for family in FAMILIES {
         batch.add(NfListObject::Rule(Rule {
             family: NfFamily::INet,
             table: NODE_TABLE.into(),
@@ -107,11 +112,7 @@ pub fn node_batch(pods: &[IpAddr]) -> Nftables<'static> {
             index: None,
             comment: None,
         }));
-        let unique: BTreeSet<IpAddr> = pods
-            .iter()
-            .filter(|ip| Family::of(**ip) == family)
-            .copied()
-            .collect();
+        let unique = addresses(pods, family);
         if !unique.is_empty() {
             batch.add(NfListObject::Element(Element {
                 family: NfFamily::INet,
@@ -120,13 +121,76 @@ pub fn node_batch(pods: &[IpAddr]) -> Nftables<'static> {
                 elem: Cow::Owned(
                     unique
                         .into_iter()
-                        .map(|ip| Expression::String(ip.to_string().into()))
+                        .map(|ip| Expression::String(ip.into()))
                         .collect(),
                 ),
             }));
         }
     }
     batch.to_nftables()
+}
+
+/// How `listed` (the table's objects, as `nft` lists them) differs from what [`node_batch`]
+/// makes for `pods`, in words; `None` when it does not.
+pub fn node_drift(listed: &Nftables, pods: &[IpAddr]) -> Option<String> {
+    let objects: Vec<&NfListObject> = listed
+        .objects
+        .iter()
+        .filter_map(|o| match o {
+            NfObject::ListObject(o) => Some(o),
+            NfObject::CmdObject(_) => None,
+        })
+        .collect();
+    if !objects
+        .iter()
+        .any(|o| matches!(o, NfListObject::Table(t) if t.name == NODE_TABLE))
+    {
+        return Some(format!("table inet {NODE_TABLE} is missing"));
+    }
+    let chain_is_ours = objects.iter().any(|o| {
+        matches!(o, NfListObject::Chain(c) if c.name == CHAIN
+            && (c._type, c.hook, c.prio) == (Some(NfChainType::NAT), Some(NfHook::Postrouting), Some(PRIORITY)))
+    });
+    if !chain_is_ours {
+        return Some(format!("chain {CHAIN} is missing or changed"));
+    }
+    let rules: Vec<&[Statement]> = objects
+        .iter()
+        .filter_map(|o| match o {
+            NfListObject::Rule(r) if r.chain == CHAIN => Some(r.expr.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<Vec<Statement>> = FAMILIES.into_iter().map(probe_translation).collect();
+    if !rules.iter().copied().eq(expected.iter().map(Vec::as_slice)) {
+        return Some(format!("the rules of chain {CHAIN} changed"));
+    }
+    for family in FAMILIES {
+        let listed: BTreeSet<String> = objects
+            .iter()
+            .filter_map(|o| match o {
+                NfListObject::Set(s) if s.name == set_name(family) => Some(s),
+                _ => None,
+            })
+            .flat_map(|s| s.elem.iter().flat_map(|e| e.iter()))
+            .filter_map(|e| match e {
+                Expression::String(ip) => Some(ip.to_string()),
+                _ => None,
+            })
+            .collect();
+        if listed != addresses(pods, family) {
+            return Some(format!("set {} holds {listed:?}", set_name(family)));
+        }
+    }
+    None
+}
+
+/// The addresses of `family` among `pods`, as `nft` lists them.
+fn addresses(pods: &[IpAddr], family: Family) -> BTreeSet<String> {
+    pods.iter()
+        .filter(|ip| Family::of(**ip) == family)
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// Removes the table; idempotent.
@@ -201,6 +265,63 @@ mod tests {
                 .unwrap()
                 .iter()
                 .all(|c| c["add"].get("element").is_none())
+        );
+    }
+
+    /// What `nft -j list ruleset` shows after `node_batch(pods)`: its last `add` of each
+    /// object, with the elements inside their sets.
+    fn listed(pods: &[IpAddr]) -> Nftables<'static> {
+        let batch = node_batch(pods);
+        let mut objects: Vec<NfObject<'static>> = Vec::new();
+        for object in batch.objects.iter().skip(2) {
+            let NfObject::CmdObject(nftables::schema::NfCmd::Add(object)) = object else {
+                continue;
+            };
+            match object {
+                NfListObject::Element(e) => {
+                    for listed in &mut objects {
+                        if let NfObject::ListObject(NfListObject::Set(set)) = listed
+                            && set.name == e.name
+                        {
+                            set.elem = Some(e.elem.clone());
+                        }
+                    }
+                }
+                other => objects.push(NfObject::ListObject(other.clone())),
+            }
+        }
+        Nftables {
+            objects: objects.into(),
+        }
+    }
+
+    #[test]
+    fn the_node_table_as_applied_has_no_drift_and_anything_else_has() {
+        let pods: Vec<IpAddr> = vec!["10.244.1.5".parse().unwrap()];
+        assert_eq!(node_drift(&listed(&pods), &pods), None);
+        assert_eq!(node_drift(&listed(&[]), &[]), None);
+        assert_eq!(
+            node_drift(&listed(&[]), &pods).as_deref(),
+            Some("set strict4 holds {}")
+        );
+        let empty = Nftables {
+            objects: Vec::new().into(),
+        };
+        assert_eq!(
+            node_drift(&empty, &pods).as_deref(),
+            Some("table inet aether-node is missing")
+        );
+        let mut no_rules = listed(&pods);
+        no_rules.objects = no_rules
+            .objects
+            .iter()
+            .filter(|o| !matches!(o, NfObject::ListObject(NfListObject::Rule(_))))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        assert_eq!(
+            node_drift(&no_rules, &pods).as_deref(),
+            Some("the rules of chain postrouting changed")
         );
     }
 }

@@ -22,8 +22,17 @@ pub const TABLE: &str = "aether";
 pub const CHAIN: &str = "output";
 /// The chain of strict mTLS mode, on the pod's incoming packets.
 pub const STRICT_CHAIN: &str = "input";
-/// The set of the ports a strict pod's probes name.
+/// Strict mode's chain that sends the node's probes of [`PROXIED_PROBES_SET`] to the node
+/// proxy, before routing.
+pub const PROBE_CHAIN: &str = "prerouting";
+/// The set of the ports a strict pod's probes only connect to (`tcpSocket`): the node may open
+/// connections there, and send no data on them.
 pub const PROBES_SET: &str = "probes";
+/// The set of the ports a strict pod's probes send requests to (`httpGet`, `grpc`): the node's
+/// connections to them go to the node proxy's inbound listener, which passes on the probes'
+/// requests only, without any caller identity. Other host processes get the probe source too
+/// ([`super::probes`]), so plaintext straight to the app would let them claim any identity.
+pub const PROXIED_PROBES_SET: &str = "proxied_probes";
 /// The source address the node gives its own connections to strict pods
 /// ([`super::probes`]), i.e. the kubelet's probes: link-local, so no other host can have it.
 pub const PROBE_SOURCE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
@@ -31,6 +40,8 @@ pub const PROBE_SOURCE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 pub const PROBE_SOURCE_V6: Ipv6Addr = Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0, 0, 0, 0, 1);
 /// NF_IP_PRI_NAT_DST, where `nft` puts `type nat hook output` chains by default.
 const DSTNAT_PRIORITY: i32 = -100;
+/// The TCP header's data offsets (in 32-bit words): 5 without options, 15 at most.
+const TCP_DATA_OFFSETS: std::ops::RangeInclusive<u8> = 5..=15;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -65,6 +76,16 @@ impl Family {
         match self {
             Family::V4 => SetType::Ipv4Addr,
             Family::V6 => SetType::Ipv6Addr,
+        }
+    }
+
+    /// The length field of a TCP packet of data offset `doff` carrying no data, in this
+    /// family's header: IPv4's counts its (option-less) 20-byte header, IPv6's does not.
+    fn empty_tcp_length(self, doff: u8) -> u16 {
+        let tcp = 4 * u16::from(doff);
+        match self {
+            Family::V4 => 20 + tcp,
+            Family::V6 => tcp,
         }
     }
 
@@ -126,14 +147,18 @@ pub struct TableSpec {
 
 /// What strict mode lets in besides the mesh: loopback (the inbound proxy hands requests to
 /// the app there), replies to the pod's own connections, and the node's probes: TCP from the
-/// probe source address, to the ports the pod's probes name.
+/// probe source address, to the ports the pod's probes name, data-less where the probes only
+/// connect, through the node proxy where they send requests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Strict {
     /// The node proxy's inbound mTLS port in the pod.
     pub inbound_port: u16,
-    /// The ports the pod's probes name, the elements of `probes`. Not part of the shape: like
-    /// the capture set's, they are not compared by CHECK.
+    /// The ports the pod's probes only connect to, the elements of `probes`. Not part of the
+    /// shape: like the capture set's, they are not compared by CHECK.
     pub probe_ports: Vec<u16>,
+    /// The ports the pod's probes send requests to, the elements of `proxied_probes` (not
+    /// compared either).
+    pub proxied_probe_ports: Vec<u16>,
 }
 
 /// The rules of the table's chains, in order: the output chain's, then strict mode's.
@@ -142,15 +167,24 @@ pub enum RuleKind {
     /// `ip daddr . tcp dport @capture4 redirect to :PORT` (and `ip6 … @capture6`). The `tcp
     /// dport` match implies `meta l4proto tcp`, which is how `nft` lists it back.
     Capture(Family),
+    /// Strict mode, before routing: `ip saddr 169.254.7.127 tcp dport @proxied_probes redirect
+    /// to :INBOUND` (and `ip6 …`): the node's probes that send requests go to the node proxy.
+    ProbeRedirect(Family),
+    /// Strict mode: `ip saddr 169.254.7.127 tcp dport @probes ip hdrlength 5 tcp doff D ip
+    /// length L accept` (and `ip6 … ip6 length L`) for every data offset D, L being the length
+    /// of a packet without data: the handshake, acknowledgements and the close of a
+    /// connect-only probe. Before `StrictReplies`, which would admit data once established.
+    ProbeHandshake(Family, u8),
+    /// Strict mode: `ip saddr 169.254.7.127 tcp dport @probes reject with tcp reset`: data
+    /// sent to a port whose probes only connect.
+    ProbeData(Family),
     /// Strict mode: `ct state established,related accept`.
     StrictReplies,
     /// Strict mode: `iifname "lo" accept`.
     StrictLoopback,
-    /// Strict mode: `tcp dport PORT accept`, the inbound mTLS port.
+    /// Strict mode: `tcp dport PORT accept`, the inbound mTLS port (and the node's probes
+    /// redirected to it).
     StrictInbound(u16),
-    /// Strict mode: `ip saddr 169.254.7.127 tcp dport @probes accept` (and `ip6 …`): the
-    /// node's probes.
-    StrictProbes(Family),
     /// Strict mode: `meta l4proto icmp accept` (and `ipv6-icmp`): pings and errors carry no
     /// data, and IPv6 needs neighbour discovery.
     StrictIcmp(Family),
@@ -167,26 +201,38 @@ impl RuleKind {
         spec.families.iter().map(RuleKind::Capture).collect()
     }
 
-    /// Strict mode's chain's rules; none without strict mode.
+    /// Strict mode's prerouting chain's rules; none without strict mode.
+    pub fn probe_redirects(spec: &TableSpec) -> Vec<RuleKind> {
+        match spec.strict {
+            Some(_) => spec.families.iter().map(RuleKind::ProbeRedirect).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Strict mode's input chain's rules; none without strict mode.
     pub fn strict(spec: &TableSpec) -> Vec<RuleKind> {
         let Some(strict) = &spec.strict else {
             return Vec::new();
         };
-        [
-            RuleKind::StrictReplies,
-            RuleKind::StrictLoopback,
-            RuleKind::StrictInbound(strict.inbound_port),
-        ]
-        .into_iter()
-        .chain(spec.families.iter().map(RuleKind::StrictProbes))
-        .chain(spec.families.iter().map(RuleKind::StrictIcmp))
-        .chain([RuleKind::StrictRefuse, RuleKind::StrictRefuseOther])
-        .collect()
+        let families = spec.families;
+        families
+            .iter()
+            .flat_map(|f| TCP_DATA_OFFSETS.map(move |doff| RuleKind::ProbeHandshake(f, doff)))
+            .chain(families.iter().map(RuleKind::ProbeData))
+            .chain([
+                RuleKind::StrictReplies,
+                RuleKind::StrictLoopback,
+                RuleKind::StrictInbound(strict.inbound_port),
+            ])
+            .chain(families.iter().map(RuleKind::StrictIcmp))
+            .chain([RuleKind::StrictRefuse, RuleKind::StrictRefuseOther])
+            .collect()
     }
 
     pub fn chain(self) -> &'static str {
         match self {
             RuleKind::Capture(_) => CHAIN,
+            RuleKind::ProbeRedirect(_) => PROBE_CHAIN,
             _ => STRICT_CHAIN,
         }
     }
@@ -233,27 +279,42 @@ impl RuleKind {
                 right: Expression::Number(port.into()),
                 op: Operator::EQ,
             }),
-            RuleKind::StrictProbes(family) => vec![
-                Statement::Match(Match {
-                    left: payload(family.protocol(), "saddr"),
-                    right: Expression::String(family.probe_source().to_string().into()),
-                    op: Operator::EQ,
-                }),
-                Statement::Match(Match {
-                    left: payload("tcp", "dport"),
-                    right: Expression::String(format!("@{PROBES_SET}").into()),
-                    op: Operator::EQ,
-                }),
-                Statement::Accept(None),
-            ],
+            RuleKind::ProbeRedirect(family) => {
+                let mut statements = from_probe_source(family, PROXIED_PROBES_SET);
+                statements.push(Statement::Redirect(Some(NAT {
+                    addr: None,
+                    family: None,
+                    port: spec
+                        .strict
+                        .as_ref()
+                        .map(|s| Expression::Number(s.inbound_port.into())),
+                    flags: None,
+                })));
+                statements
+            }
+            RuleKind::ProbeHandshake(family, doff) => {
+                let mut statements = from_probe_source(family, PROBES_SET);
+                if family == Family::V4 {
+                    statements.push(Statement::Match(equals(payload("ip", "hdrlength"), 5)));
+                }
+                statements.push(Statement::Match(equals(
+                    payload("tcp", "doff"),
+                    doff.into(),
+                )));
+                statements.push(Statement::Match(equals(
+                    payload(family.protocol(), "length"),
+                    family.empty_tcp_length(doff).into(),
+                )));
+                statements.push(Statement::Accept(None));
+                statements
+            }
+            RuleKind::ProbeData(family) => {
+                let mut statements = from_probe_source(family, PROBES_SET);
+                statements.push(tcp_reset());
+                statements
+            }
             RuleKind::StrictIcmp(family) => accept(l4proto(family.icmp())),
-            RuleKind::StrictRefuse => vec![
-                Statement::Match(l4proto("tcp")),
-                Statement::Reject(Some(Reject {
-                    _type: Some(RejectType::TCPReset),
-                    expr: None,
-                })),
-            ],
+            RuleKind::StrictRefuse => vec![Statement::Match(l4proto("tcp")), tcp_reset()],
             // `reject` as `nft` lists it back.
             RuleKind::StrictRefuseOther => vec![Statement::Reject(Some(Reject {
                 _type: Some(RejectType::ICMPX),
@@ -274,8 +335,26 @@ impl RuleKind {
             RuleKind::StrictReplies => "ct state established,related accept".into(),
             RuleKind::StrictLoopback => "iifname \"lo\" accept".into(),
             RuleKind::StrictInbound(port) => format!("tcp dport {port} accept"),
-            RuleKind::StrictProbes(family) => format!(
-                "{} saddr {} tcp dport @{PROBES_SET} accept",
+            RuleKind::ProbeRedirect(family) => format!(
+                "{} saddr {} tcp dport @{PROXIED_PROBES_SET} redirect to :{}",
+                family.protocol(),
+                family.probe_source(),
+                spec.strict.as_ref().map_or(0, |s| s.inbound_port)
+            ),
+            RuleKind::ProbeHandshake(family, doff) => format!(
+                "{} saddr {} tcp dport @{PROBES_SET} {}tcp doff {doff} {} length {} accept",
+                family.protocol(),
+                family.probe_source(),
+                if family == Family::V4 {
+                    "ip hdrlength 5 "
+                } else {
+                    ""
+                },
+                family.protocol(),
+                family.empty_tcp_length(doff)
+            ),
+            RuleKind::ProbeData(family) => format!(
+                "{} saddr {} tcp dport @{PROBES_SET} reject with tcp reset",
                 family.protocol(),
                 family.probe_source()
             ),
@@ -284,6 +363,39 @@ impl RuleKind {
             RuleKind::StrictRefuseOther => "reject with icmpx port-unreachable".into(),
         }
     }
+}
+
+/// `ip saddr 169.254.7.127 tcp dport @SET` (or `ip6 …`): the node's probes of the set's ports.
+fn from_probe_source(family: Family, set: &str) -> Vec<Statement<'static>> {
+    vec![
+        Statement::Match(Match {
+            left: payload(family.protocol(), "saddr"),
+            right: Expression::String(family.probe_source().to_string().into()),
+            op: Operator::EQ,
+        }),
+        Statement::Match(Match {
+            left: payload("tcp", "dport"),
+            right: Expression::String(format!("@{set}").into()),
+            op: Operator::EQ,
+        }),
+    ]
+}
+
+/// `LEFT == VALUE`.
+fn equals(left: Expression<'static>, value: u32) -> Match<'static> {
+    Match {
+        left,
+        right: Expression::Number(value),
+        op: Operator::EQ,
+    }
+}
+
+/// `reject with tcp reset`.
+fn tcp_reset() -> Statement<'static> {
+    Statement::Reject(Some(Reject {
+        _type: Some(RejectType::TCPReset),
+        expr: None,
+    }))
 }
 
 /// `meta l4proto PROTOCOL`.
@@ -349,12 +461,23 @@ pub(super) fn set(family: Family) -> Set<'static> {
     }
 }
 
-/// `set probes { type inet_service; }`: the ports the pod's probes name, for strict mode.
-pub(super) fn probes_set() -> Set<'static> {
+/// `set NAME { type inet_service; }`: one of strict mode's sets of probe ports
+/// ([`PROBES_SET`], [`PROXIED_PROBES_SET`]).
+pub(super) fn probes_set(name: &'static str) -> Set<'static> {
     Set {
-        name: PROBES_SET.into(),
+        name: name.into(),
         set_type: SetTypeValue::Single(SetType::InetService),
         ..set(Family::V4)
+    }
+}
+
+/// `chain prerouting { type nat hook prerouting priority -100; policy accept; }`: strict
+/// mode's redirect of the node's probes, before the input chain sees them.
+pub(super) fn probe_chain() -> Chain<'static> {
+    Chain {
+        name: PROBE_CHAIN.into(),
+        hook: Some(NfHook::Prerouting),
+        ..chain()
     }
 }
 
@@ -455,14 +578,17 @@ fn add_contents(batch: &mut Batch<'static>, spec: &TableSpec, targets: &[SocketA
         batch.add(NfListObject::Set(Box::new(set(family))));
     }
     if spec.strict.is_some() {
-        batch.add(NfListObject::Set(Box::new(probes_set())));
+        batch.add(NfListObject::Set(Box::new(probes_set(PROBES_SET))));
+        batch.add(NfListObject::Set(Box::new(probes_set(PROXIED_PROBES_SET))));
     }
     batch.add(NfListObject::Chain(chain()));
     if spec.strict.is_some() {
+        batch.add(NfListObject::Chain(probe_chain()));
         batch.add(NfListObject::Chain(strict_chain()));
     }
     for kind in RuleKind::all(spec)
         .into_iter()
+        .chain(RuleKind::probe_redirects(spec))
         .chain(RuleKind::strict(spec))
     {
         batch.add(NfListObject::Rule(rule(spec, kind)));
@@ -472,22 +598,25 @@ fn add_contents(batch: &mut Batch<'static>, spec: &TableSpec, targets: &[SocketA
             batch.add(NfListObject::Element(elements));
         }
     }
-    if let Some(probes) = spec
-        .strict
-        .as_ref()
-        .and_then(|s| probe_elements(&s.probe_ports))
-    {
-        batch.add(NfListObject::Element(probes));
+    if let Some(strict) = &spec.strict {
+        for (set, ports) in [
+            (PROBES_SET, &strict.probe_ports),
+            (PROXIED_PROBES_SET, &strict.proxied_probe_ports),
+        ] {
+            if let Some(elements) = probe_elements(set, ports) {
+                batch.add(NfListObject::Element(elements));
+            }
+        }
     }
 }
 
-/// `add element inet aether probes { PORT, … }`, or `None` when there are none.
-fn probe_elements(ports: &[u16]) -> Option<Element<'static>> {
+/// `add element inet aether SET { PORT, … }`, or `None` when there are none.
+fn probe_elements(set: &'static str, ports: &[u16]) -> Option<Element<'static>> {
     let unique: BTreeSet<u16> = ports.iter().copied().collect();
     (!unique.is_empty()).then(|| Element {
         family: NfFamily::INet,
         table: TABLE.into(),
-        name: PROBES_SET.into(),
+        name: set.into(),
         elem: Cow::Owned(
             unique
                 .into_iter()

@@ -7,8 +7,8 @@ use nftables::types::NfFamily;
 use serde_json::Value;
 
 use super::ruleset::{
-    CHAIN, Family, PROBES_SET, RuleKind, STRICT_CHAIN, TABLE, TableSpec, chain, probes_set, set,
-    strict_chain,
+    CHAIN, Family, PROBE_CHAIN, PROBES_SET, PROXIED_PROBES_SET, RuleKind, STRICT_CHAIN, TABLE,
+    TableSpec, chain, probe_chain, probes_set, set, strict_chain,
 };
 
 /// One way the table differs from what ADD installs.
@@ -54,13 +54,18 @@ impl fmt::Display for Drift {
 /// The objects of our table in the output of `nft -j list ruleset`. Objects of other tables
 /// are dropped unread, so whatever else lives in the pod's netns cannot break CHECK.
 pub fn our_objects(listing: &Value) -> Result<Nftables<'static>, serde_json::Error> {
+    table_objects(listing, TABLE)
+}
+
+/// The objects of table `inet NAME` in the output of `nft -j list ruleset`, others unread.
+pub fn table_objects(listing: &Value, name: &str) -> Result<Nftables<'static>, serde_json::Error> {
     let objects = listing
         .get("nftables")
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default()
         .iter()
-        .filter(|object| is_ours(object))
+        .filter(|object| is_of(object, name))
         .map(|object| serde_json::from_value(object.clone()))
         .collect::<Result<Vec<NfObject>, _>>()?;
     Ok(Nftables {
@@ -68,13 +73,13 @@ pub fn our_objects(listing: &Value) -> Result<Nftables<'static>, serde_json::Err
     })
 }
 
-fn is_ours(object: &Value) -> bool {
+fn is_of(object: &Value, name: &str) -> bool {
     let Some((kind, body)) = object.as_object().and_then(|o| o.iter().next()) else {
         return false;
     };
     let table = if kind == "table" { "name" } else { "table" };
     body.get("family").and_then(Value::as_str) == Some("inet")
-        && body.get(table).and_then(Value::as_str) == Some(TABLE)
+        && body.get(table).and_then(Value::as_str) == Some(name)
 }
 
 /// Compares the output of `nft -j list ruleset` with `spec`. Set elements are not compared:
@@ -117,7 +122,11 @@ fn expected_sets(spec: &TableSpec) -> Vec<Set<'static>> {
     spec.families
         .iter()
         .map(set)
-        .chain(spec.strict.as_ref().map(|_| probes_set()))
+        .chain(
+            spec.strict
+                .iter()
+                .flat_map(|_| [probes_set(PROBES_SET), probes_set(PROXIED_PROBES_SET)]),
+        )
         .collect()
 }
 
@@ -153,7 +162,7 @@ fn set_name(set: &Set<'static>) -> &'static str {
     [Family::V4, Family::V6]
         .into_iter()
         .map(Family::set_name)
-        .chain([PROBES_SET])
+        .chain([PROBES_SET, PROXIED_PROBES_SET])
         .find(|name| *name == set.name)
         .unwrap_or("?")
 }
@@ -162,10 +171,14 @@ fn type_name(value: &SetTypeValue) -> String {
     serde_json::to_string(value).unwrap_or_else(|e| format!("<{e}>"))
 }
 
-/// The chains `spec` has: the output chain, and strict mode's.
+/// The chains `spec` has: the output chain, and strict mode's two.
 fn expected_chains(spec: &TableSpec) -> Vec<(&'static str, Chain<'static>)> {
     std::iter::once((CHAIN, chain()))
-        .chain(spec.strict.as_ref().map(|_| (STRICT_CHAIN, strict_chain())))
+        .chain(
+            spec.strict
+                .iter()
+                .flat_map(|_| [(PROBE_CHAIN, probe_chain()), (STRICT_CHAIN, strict_chain())]),
+        )
         .collect()
 }
 
@@ -206,6 +219,7 @@ fn diff_chains(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>)
 fn diff_rules(spec: &TableSpec, ours: &[&NfListObject], drift: &mut Vec<Drift>) {
     for (chain, kinds) in [
         (CHAIN, RuleKind::all(spec)),
+        (PROBE_CHAIN, RuleKind::probe_redirects(spec)),
         (STRICT_CHAIN, RuleKind::strict(spec)),
     ] {
         let found: Vec<_> = ours

@@ -61,6 +61,7 @@ pub fn add(
         strict: plan.strict.map(|s| Strict {
             inbound_port: s.inbound_port,
             probe_ports: s.probe_ports,
+            proxied_probe_ports: s.proxied_probe_ports,
         }),
     };
     let nft = conf.plugin.nft();

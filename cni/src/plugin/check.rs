@@ -48,6 +48,7 @@ pub fn check(
         strict: strict_inbound_port.map(|inbound_port| Strict {
             inbound_port,
             probe_ports: Vec::new(),
+            proxied_probe_ports: Vec::new(),
         }),
     };
     let drift = nft::verify(&conf.plugin.nft(), netns, &spec).map_err(|e| {

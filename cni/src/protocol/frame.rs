@@ -194,6 +194,7 @@ mod tests {
                 strict: Some(super::super::StrictPlan {
                     inbound_port: 15008,
                     probe_ports: vec![8080],
+                    proxied_probe_ports: vec![8081],
                 }),
             })),
             Response::Registered,

@@ -97,9 +97,13 @@ pub struct CapturePlan {
 pub struct StrictPlan {
     /// The proxy's inbound mTLS port: the only one other hosts may open connections to.
     pub inbound_port: u16,
-    /// The ports the pod's probes name: the node's probes may connect to them in plaintext
-    /// (from the probe source address, see `nft::probes`).
+    /// The ports the pod's probes only connect to: the node's probes (from the probe source
+    /// address, see `nft::probes`) may open connections to them and send no data.
     pub probe_ports: Vec<u16>,
+    /// The ports the pod's probes send requests to: the node's connections to them go to the
+    /// inbound port, whose proxy passes on the probes' requests.
+    #[serde(default)]
+    pub proxied_probe_ports: Vec<u16>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

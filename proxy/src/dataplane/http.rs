@@ -17,11 +17,19 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// for, `<port> <h1|h2>`. Removed before the request reaches the app.
 pub const FORWARD_HEADER: HeaderName = HeaderName::from_static("x-aether-forward");
 
+/// With [`Carried::Upgrade`]: the protocol the client asked to switch to (its `Upgrade`
+/// header, which HTTP/2 cannot carry), and in the answer the one the app switched to.
+pub const UPGRADE_HEADER: HeaderName = HeaderName::from_static("x-aether-upgrade");
+/// With [`Carried::Upgrade`]: the request's `path?query` (an HTTP/2 CONNECT has no path).
+pub const PATH_HEADER: HeaderName = HeaderName::from_static("x-aether-path");
+
 /// The largest request head aether takes from an app (HTTP/1 bytes, or an HTTP/2 header
 /// list), answered 431 at the edge when larger. One limit end to end: the hop between the
 /// proxies admits [`MESH_HEADER_LIST`], enough for any head the edge let through, so a
 /// request is never refused further on for its size.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// How long a plaintext HTTP/1 client may take to send a request head.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// HTTP/2 counts 32 bytes more per header than its name and value; the mesh hop adds a few
 /// headers of its own.
 pub const MESH_HEADER_LIST: u32 = 2 * MAX_HEADER_BYTES as u32;
@@ -103,6 +111,33 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` header, when `Connection`
+/// names it (RFC 9110 §7.8) and the method is `GET` (as WebSocket's handshake is). Not `h2c`:
+/// the proxies already speak HTTP/2 between them, and the app gets what the client sent.
+pub fn upgrade_of(
+    method: &::http::Method,
+    version: Version,
+    headers: &HeaderMap,
+) -> Option<HeaderValue> {
+    let asked = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let protocol = headers.get(header::UPGRADE)?;
+    let h2c = protocol.as_bytes().eq_ignore_ascii_case(b"h2c");
+    (asked && !h2c && *method == ::http::Method::GET && version == Version::HTTP_11)
+        .then(|| protocol.clone())
+}
+
+/// Marks `headers` as those of a protocol switch to `protocol`: `Connection: upgrade` and
+/// `Upgrade`, which [`strip_hop_by_hop`] removed.
+pub fn set_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+}
+
 /// The request's authority: the URI's (HTTP/2, absolute form) or the Host header's.
 pub fn authority(uri: &Uri, headers: &HeaderMap) -> Option<String> {
     uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
@@ -132,6 +167,9 @@ pub enum Carried {
     Http2,
     /// A CONNECT tunnel of opaque bytes.
     Tcp,
+    /// A CONNECT tunnel of an HTTP/1.1 `GET` asking to switch protocols (WebSocket): the
+    /// inbound side sends the app the request, and once it switched, carries the bytes.
+    Upgrade,
 }
 
 impl Carried {
@@ -150,6 +188,7 @@ pub fn forward_value(port: u16, carried: Carried) -> HeaderValue {
         Carried::Http1 => "h1",
         Carried::Http2 => "h2",
         Carried::Tcp => "tcp",
+        Carried::Upgrade => "upgrade",
     };
     HeaderValue::from_str(&format!("{port} {proto}")).expect("digits and letters")
 }
@@ -162,6 +201,7 @@ pub fn parse_forward(value: &HeaderValue) -> Option<(u16, Carried)> {
         "h1" => Some((port, Carried::Http1)),
         "h2" => Some((port, Carried::Http2)),
         "tcp" => Some((port, Carried::Tcp)),
+        "upgrade" => Some((port, Carried::Upgrade)),
         _ => None,
     }
 }
@@ -216,7 +256,12 @@ mod tests {
 
     #[test]
     fn the_forward_header_round_trips_and_refuses_nonsense() {
-        for carried in [Carried::Http1, Carried::Http2, Carried::Tcp] {
+        for carried in [
+            Carried::Http1,
+            Carried::Http2,
+            Carried::Tcp,
+            Carried::Upgrade,
+        ] {
             let v = forward_value(8080, carried);
             assert_eq!(parse_forward(&v), Some((8080, carried)));
         }
@@ -228,6 +273,39 @@ mod tests {
         for bad in ["", "8080", "0 h1", "70000 h1", "8080 h3", "x h1"] {
             assert_eq!(parse_forward(&HeaderValue::from_static(bad)), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn an_upgrade_is_a_get_naming_it_in_connection_and_never_h2c() {
+        let get = ::http::Method::GET;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        headers.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert_eq!(
+            upgrade_of(&get, Version::HTTP_11, &headers),
+            Some(HeaderValue::from_static("websocket"))
+        );
+        assert_eq!(
+            upgrade_of(&::http::Method::POST, Version::HTTP_11, &headers),
+            None
+        );
+        assert_eq!(upgrade_of(&get, Version::HTTP_2, &headers), None);
+        headers.insert("upgrade", HeaderValue::from_static("h2c"));
+        assert_eq!(upgrade_of(&get, Version::HTTP_11, &headers), None);
+        headers.insert("upgrade", HeaderValue::from_static("websocket"));
+        headers.insert("connection", HeaderValue::from_static("keep-alive"));
+        assert_eq!(
+            upgrade_of(&get, Version::HTTP_11, &headers),
+            None,
+            "not asked"
+        );
+        let mut switched = HeaderMap::new();
+        set_upgrade(&mut switched, HeaderValue::from_static("websocket"));
+        assert_eq!(switched["connection"], "upgrade");
+        assert_eq!(switched["upgrade"], "websocket");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::clients::{CONNECT_TIMEOUT, PodClients};
 use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
-use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
+use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh, probe};
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
 use crate::listeners::PodInfo;
 use crate::mesh::Snapshot;
@@ -29,9 +29,12 @@ use aether_cni::protocol::PodRef;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
-    let Some(mesh) = &plane.mesh else {
+    let Some(mesh) = plane.mesh.clone() else {
         return;
     };
+    if probe::from_probe_source(peer.ip()) {
+        return probe::serve(plane, &mesh, stream, pod).await;
+    }
     let Some(sa) = mesh.workloads.service_account(&pod.pod) else {
         mesh.metrics.inbound_refused("unknown_pod");
         warn!(pod = %pod.pod, %peer, "inbound connection refused: the pod's ServiceAccount is not known yet");

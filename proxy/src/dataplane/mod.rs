@@ -3,8 +3,10 @@
 //! - [`outbound`]: a captured connection of a local pod. To a route target whose table this
 //!   node holds, it is HTTP (1.1 or 2) routed per request; anything else passes through as TCP
 //!   to its original destination.
-//! - [`inbound`]: an mTLS connection of another proxy to a local pod, forwarded to the app on
-//!   the pod's loopback with the verified client identity.
+//! - [`inbound`]: an mTLS connection of another proxy to a local pod, forwarded to the app at
+//!   the pod's own address with the verified client identity.
+//! - [`probe`]: the node's probes of a strict pod, which its table sends to the inbound
+//!   listener: only the probes' requests pass, with no identity.
 //! - [`clients`]: connections made from inside a pod's network namespace, pooled: plain
 //!   HTTP to unmeshed endpoints and apps, HTTP/2 over mTLS between proxies.
 
@@ -12,6 +14,7 @@ pub mod clients;
 pub mod http;
 pub mod inbound;
 pub mod outbound;
+pub mod probe;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,6 +34,7 @@ use crate::identity::tls::Certs;
 use crate::listeners::{Handler, Limit, PodInfo, Role};
 use crate::mesh::Snapshot;
 use crate::metrics::Metrics;
+use crate::probes::Probes;
 use clients::PodClients;
 
 /// The header through which the inbound side tells the app who called: the caller's SPIFFE ID,
@@ -43,6 +47,8 @@ pub trait Workloads: Send + Sync {
     fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount>;
     /// The TCP ports the pod's containers declare.
     fn declared_ports(&self, pod: &PodRef) -> Vec<u16>;
+    /// How the kubelet probes the pod: what the node may send it in strict mode.
+    fn probes(&self, pod: &PodRef) -> Probes;
 }
 
 /// The current snapshot, swapped whole when the cluster changes.

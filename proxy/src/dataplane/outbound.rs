@@ -41,8 +41,6 @@ const MIRROR_BODY_LIMIT: usize = 1 << 20;
 /// How long a connection to an undeclared port may stay silent before it is taken for a
 /// protocol whose server speaks first.
 const SNIFF_WAIT: Duration = Duration::from_millis(300);
-/// How long a captured HTTP/1 connection may take to send a request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
     let listener = match stream.local_addr() {
@@ -196,7 +194,7 @@ async fn serve_refusal(stream: TcpStream, message: String) {
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(h::HEADER_READ_TIMEOUT)
         .keep_alive(false);
     if let Err(e) = builder
         .serve_connection(TokioIo::new(stream), service)
@@ -266,7 +264,7 @@ async fn serve_http(conn: Connection, stream: TcpStream) {
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(h::HEADER_READ_TIMEOUT)
         .max_buf_size(h::MAX_HEADER_BYTES);
     builder
         .http2()

@@ -6,11 +6,12 @@
 //! - with every proxy stopped, a request to a route target fails closed, a new meshed pod
 //!   waits in ContainerCreating with aether-cni's error in its Events, and both recover by
 //!   themselves once the proxies are back (which also remove the nodes' not-ready taint);
-//! - a pod's nft table deleted by hand and aether-cni's entry dropped from a node's CNI config
-//!   are put back by the node's proxy, with an Event;
+//! - a pod's nft table deleted by hand, aether-cni's entry dropped from a node's CNI config and
+//!   the node's table of strict pods deleted are put back by the node's proxy, with an Event;
 //! - strict mTLS refuses plaintext into meshed pods, running ones and new ones; from its own
-//!   node a strict pod takes plaintext only on the ports its probes name (the kubelet's probes
-//!   keep it Ready), and NodePort traffic is refused;
+//!   node a strict pod takes plaintext only as its probes send it (the kubelet's probes keep it
+//!   Ready): the probes' requests through the inbound proxy, with no forged identity, and
+//!   data-less connections to ports probed by connecting; NodePort traffic and UDP are refused;
 //! - with the operator stopped and a node's NodeConfig deleted, that node's pods keep their
 //!   capture set and routes, also across a restart of its proxy (which, without a CA, refuses
 //!   rather than send plaintext);
@@ -226,9 +227,9 @@ async fn fails_closed_without_proxies(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// A pod's nft table deleted by hand, and aether-cni's entry dropped from a node's CNI
-/// config (as another network plugin rewriting its config would), are both put back by the
-/// node's proxy, and the pod gets a `CaptureRepaired` Event.
+/// A pod's nft table deleted by hand, aether-cni's entry dropped from a node's CNI config (as
+/// another network plugin rewriting its config would) and the node's table of strict pods
+/// deleted are all put back by the node's proxy, and the pod gets a `CaptureRepaired` Event.
 async fn repairs_drift(cluster: &Cluster) -> Result<()> {
     let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
     let node = aether_e2e::node_of(&pod)?;
@@ -239,6 +240,8 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
             pod.metadata.name
         );
     }
+    let node_table = ["nft", "list", "table", "inet", "aether-node"];
+    cluster.on_node_ok(&node, &["nft", "delete", "table", "inet", "aether-node"])?;
     let mut config: Value = serde_json::from_str(&cluster.on_node_ok(&node, &["cat", CONFLIST])?)?;
     if let Some(plugins) = config["plugins"].as_array_mut() {
         plugins.retain(|p| p["type"] != "aether-cni");
@@ -264,11 +267,15 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
         let chained = cluster
             .on_node_ok(&node, &["cat", CONFLIST])?
             .contains("aether-cni");
-        if table && chained {
+        let node_table = cluster.on_node(&node, &node_table)?.status.success();
+        if table && chained && node_table {
             break;
         }
         if Instant::now() > deadline {
-            bail!("drift not repaired within 40 s: table {table}, CNI entry {chained}");
+            bail!(
+                "drift not repaired within 40 s: table {table}, CNI entry {chained}, node table \
+                 {node_table}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -285,7 +292,10 @@ async fn repairs_drift(cluster: &Cluster) -> Result<()> {
     if served.first().and_then(|e| e.status) != Some(200) {
         bail!("after the repair, echo-v2 is not reachable: {served:?}");
     }
-    eprintln!("a deleted pod table and a dropped CNI entry were repaired, with an Event");
+    eprintln!(
+        "a deleted pod table, a dropped CNI entry and a deleted node table were repaired, with an \
+         Event"
+    );
     Ok(())
 }
 
@@ -610,6 +620,12 @@ async fn strict_mode_refuses_plaintext(cluster: &Cluster) -> Result<()> {
         }
         tokio::time::sleep(FAILURE_DELAY).await;
     }
+    let probed = wait_pods(cluster, MESH_NS, "app=probed", 1)
+        .await?
+        .remove(0);
+    if !udp_answered(cluster, &probed)? {
+        bail!("strict mode off: a DNS query over UDP to the probed pod gets no answer");
+    }
     cluster.kubectl(&[
         "-n",
         MESH_NS,
@@ -630,13 +646,21 @@ enum Reached {
     Refused(String),
 }
 
+/// What `script` printed (both streams) in `node`'s own network (its node shell).
+fn node_sh(cluster: &Cluster, node: &str, script: &str) -> Result<String> {
+    let shell = aether_e2e::node::shell(cluster, node)?;
+    let output = cluster.exec(&shell, "shell", &["sh", "-c", &format!("{script} 2>&1")])?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// A plaintext TCP connection from `node`'s own network (its node shell) to `to`.
 fn node_connect(cluster: &Cluster, node: &str, to: &str) -> Result<Reached> {
-    let shell = aether_e2e::node::shell(cluster, node)?;
     let (host, port) = to.rsplit_once(':').unwrap_or((to, ""));
-    let script = format!("nc -w 2 {host} {port} </dev/null 2>&1; echo exit=$?");
-    let output = cluster.exec(&shell, "shell", &["sh", "-c", &script])?;
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let text = node_sh(
+        cluster,
+        node,
+        &format!("nc -w 2 {host} {port} </dev/null; echo exit=$?"),
+    )?;
     Ok(if text.trim_end().ends_with("exit=0") {
         Reached::Connected
     } else {
@@ -644,15 +668,44 @@ fn node_connect(cluster: &Cluster, node: &str, to: &str) -> Result<Reached> {
     })
 }
 
-/// In strict mode a pod probed on 8080 that also serves 9000 becomes Ready (the kubelet's
-/// probes get in), its node reaches 8080 but not 9000, and its NodePort, reached from the
-/// other node, is refused. Returns that NodePort's `node-ip:port`.
+/// Whether a DNS query over UDP from `node-1` gets an answer from the probed pod's `dns`
+/// container (CoreDNS's `whoami` on port 5353).
+fn udp_answered(cluster: &Cluster, probed: &Pod) -> Result<bool> {
+    let ip = pod_ip(probed)?;
+    let script = format!("nslookup whoami.test {ip}:5353; echo exit=$?");
+    Ok(node_sh(cluster, "node-1", &script)?
+        .trim_end()
+        .ends_with("exit=0"))
+}
+
+/// The image of the cluster's DNS, CoreDNS.
+fn coredns_image(cluster: &Cluster) -> Result<String> {
+    cluster.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "deployment",
+        "coredns",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ])
+}
+
+/// In strict mode a pod whose readiness probe GETs /ready on 8080 and whose liveness probe
+/// connects to 9000 becomes Ready: the kubelet's probes get in. From the pod's node, GET
+/// /ready reaches the app through the inbound proxy without the caller identity it forged,
+/// another path of 8080 gets 403, 9000 takes a connection but no data, and 9001, which no probe
+/// names, is refused. Its NodePort, reached from the other node, is refused; so is UDP. Returns
+/// that NodePort's `node-ip:port`.
 async fn strict_mode_admits_only_the_nodes_probes(cluster: &Cluster) -> Result<String> {
+    let dns = coredns_image(cluster)?;
     cluster.apply_text(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: probed, namespace: {MESH_NS}, labels: {{app: probed}}}}\n\
          spec:\n  nodeName: node-2\n  containers:\n  - name: echo\n    image: \"{ECHO_IMAGE}\"\n\
-         \x20   args: [--port=8080, --port=9000]\n\
-         \x20   readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n---\n\
+         \x20   args: [--port=8080, --port=9000, --port=9001]\n\
+         \x20   readinessProbe: {{httpGet: {{path: /ready, port: 8080}}, periodSeconds: 1}}\n\
+         \x20   livenessProbe: {{tcpSocket: {{port: 9000}}, periodSeconds: 1}}\n\
+         \x20 - name: dns\n    image: \"{dns}\"\n    args: [-dns.port=5353]\n---\n\
          apiVersion: v1\nkind: Service\nmetadata: {{name: probed, namespace: {MESH_NS}}}\n\
          spec:\n  type: NodePort\n  selector: {{app: probed}}\n  ports: [{{name: tcp, port: 8080}}]\n"
     ))?;
@@ -660,14 +713,47 @@ async fn strict_mode_admits_only_the_nodes_probes(cluster: &Cluster) -> Result<S
         .await?
         .remove(0);
     let ip = pod_ip(&probed)?;
-    eprintln!("strict mode: a pod probed by the kubelet became Ready");
-    let probe_port = node_connect(cluster, "node-2", &format!("{ip}:8080"))?;
-    let other_port = node_connect(cluster, "node-2", &format!("{ip}:9000"))?;
-    if probe_port != Reached::Connected || other_port == Reached::Connected {
+    eprintln!("strict mode: a pod probed by the kubelet over HTTP and TCP became Ready");
+
+    let forged = node_sh(
+        cluster,
+        "node-2",
+        &format!(
+            "wget -q -O - --header 'x-aether-client-identity: spiffe://forged' http://{ip}:8080/ready"
+        ),
+    )?;
+    if !forged.contains("/ready") || forged.contains("forged") {
+        bail!("strict mode: the node's GET /ready with a forged identity got {forged:?}");
+    }
+    let other_path = node_sh(
+        cluster,
+        "node-2",
+        &format!("wget -q -O - http://{ip}:8080/admin"),
+    )?;
+    if !other_path.contains("403") {
+        bail!("strict mode: the node's GET /admin of a probed port got {other_path:?}");
+    }
+    let connect_only = node_connect(cluster, "node-2", &format!("{ip}:9000"))?;
+    let data = node_sh(
+        cluster,
+        "node-2",
+        &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} 9000"),
+    )?;
+    let other_port = node_connect(cluster, "node-2", &format!("{ip}:9001"))?;
+    if connect_only != Reached::Connected
+        || data.contains("HTTP/")
+        || other_port == Reached::Connected
+    {
         bail!(
-            "strict mode, from the pod's node: probe port {probe_port:?}, other port {other_port:?}"
+            "strict mode, from the pod's node: connect-only probe port {connect_only:?}, its data \
+             answered {data:?}, other port {other_port:?}"
         );
     }
+    eprintln!(
+        "strict mode: the node's requests pass only as probes, without a forged identity; \
+         a connect-only probe port takes no data"
+    );
+
     let service: Value = serde_json::from_str(
         &cluster.kubectl(&["-n", MESH_NS, "get", "service", "probed", "-o", "json"])?,
     )?;
@@ -685,7 +771,10 @@ async fn strict_mode_admits_only_the_nodes_probes(cluster: &Cluster) -> Result<S
     if let Reached::Connected = node_connect(cluster, "node-1", &node_port)? {
         bail!("strict mode: NodePort {node_port} reached the pod in plaintext");
     }
-    eprintln!("strict mode: the node reaches only the probe port, NodePort traffic is refused");
+    if udp_answered(cluster, &probed)? {
+        bail!("strict mode: a DNS query over UDP from another node was answered");
+    }
+    eprintln!("strict mode: NodePort traffic and UDP are refused");
     Ok(node_port)
 }
 
@@ -714,6 +803,10 @@ async fn uninstall_leaves_nothing(cluster: &Cluster) -> Result<()> {
             ],
         )?;
         leftovers.extend(found.lines().map(|l| format!("{l} on {node}")));
+        let node_table = ["nft", "list", "table", "inet", "aether-node"];
+        if cluster.on_node(node, &node_table)?.status.success() {
+            leftovers.push(format!("table inet aether-node on {node}"));
+        }
     }
     if !leftovers.is_empty() {
         bail!("helm uninstall left aether behind: {leftovers:?}");
