@@ -5,10 +5,14 @@
 use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ::http::uri::{Authority, PathAndQuery, Scheme};
 use ::http::{Response, StatusCode, Uri, Version};
+use aether_cni::protocol::PodRef;
 use aether_routing::Forward;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tracing::debug;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
@@ -136,6 +140,21 @@ pub fn upgrade_of(
 pub fn set_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, protocol);
+}
+
+/// Joins two connections that switched protocols (the client's and the backend's, each handed
+/// over by hyper once its side of the switch is done): bytes both ways until both close.
+pub fn join(pod: PodRef, client: OnUpgrade, backend: OnUpgrade) {
+    tokio::spawn(async move {
+        let (client, backend) = match tokio::try_join!(client, backend) {
+            Ok(both) => both,
+            Err(error) => return debug!(%pod, %error, "a protocol switch was never completed"),
+        };
+        let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
+        if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+            debug!(%pod, %error, "a switched connection ended with an error");
+        }
+    });
 }
 
 /// The request's authority: the URI's (HTTP/2, absolute form) or the Host header's.

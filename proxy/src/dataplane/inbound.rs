@@ -205,22 +205,34 @@ impl App {
         ))
     }
 
-    /// A CONNECT tunnel of an opaque connection to one of the pod's ports: answered 200 once
-    /// the app accepted, then bytes both ways until each side has closed its half.
-    async fn tunnel(&self, mut request: Request<Incoming>) -> Response<Body> {
-        let Some((port, Carried::Tcp)) = request
+    /// A CONNECT tunnel to one of the pod's ports: of an opaque connection, or of a protocol
+    /// switch ([`App::switch`]).
+    async fn tunnel(&self, request: Request<Incoming>) -> Response<Body> {
+        let forward = request
             .headers()
             .get(FORWARD_HEADER)
-            .and_then(parse_forward)
-        else {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                format!("mesh CONNECT without a valid {FORWARD_HEADER} header"),
-            );
+            .and_then(parse_forward);
+        let (port, carried) = match forward {
+            Some((port, carried @ (Carried::Tcp | Carried::Upgrade))) => (port, carried),
+            _ => {
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    format!("mesh CONNECT without a valid {FORWARD_HEADER} header"),
+                );
+            }
         };
         if let Some(refused) = self.refusal(port) {
             return refused;
         }
+        if carried == Carried::Upgrade {
+            return self.switch(request, port).await;
+        }
+        self.opaque(request, port).await
+    }
+
+    /// An opaque connection: answered 200 once the app accepted, then bytes both ways until
+    /// each side has closed its half.
+    async fn opaque(&self, mut request: Request<Incoming>, port: u16) -> Response<Body> {
         let to = SocketAddr::new(self.address, port);
         let app =
             match tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&self.pod.netns, to))
@@ -254,6 +266,77 @@ impl App {
             }
         });
         Response::new(h::full(hyper::body::Bytes::new()))
+    }
+}
+
+impl App {
+    /// A protocol switch (WebSocket) the client asked for: the app gets the `GET` as the client
+    /// sent it, with the caller's verified identity; once it answered `101 Switching
+    /// Protocols`, the tunnel is answered 200 with the app's headers and joined to the app's
+    /// connection. Any other answer goes back as it is, but a success without a switch, which
+    /// would read as an open tunnel.
+    async fn switch(&self, mut request: Request<Incoming>, port: u16) -> Response<Body> {
+        let headers = request.headers();
+        let protocol = headers.get(h::UPGRADE_HEADER).cloned();
+        let path = headers
+            .get(h::PATH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|p| p.parse::<::http::Uri>().ok());
+        let (Some(protocol), Some(path)) = (protocol, path) else {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "mesh protocol switch without valid {} and {} headers",
+                    h::UPGRADE_HEADER,
+                    h::PATH_HEADER
+                ),
+            );
+        };
+        let tunnel = hyper::upgrade::on(&mut request);
+        let mut headers = std::mem::take(request.headers_mut());
+        for internal in [FORWARD_HEADER, h::UPGRADE_HEADER, h::PATH_HEADER] {
+            headers.remove(internal);
+        }
+        headers.insert(CLIENT_IDENTITY_HEADER, self.identity.clone());
+        h::set_upgrade(&mut headers, protocol.clone());
+        let mut to_app = Request::new(h::full(hyper::body::Bytes::new()));
+        *to_app.uri_mut() = path;
+        *to_app.headers_mut() = headers;
+        let app = SocketAddr::new(self.address, port);
+        let mut response = match self.clients.plain(app, to_app, false).await {
+            Ok(response) => response,
+            Err(e) => {
+                warn!(pod = %self.pod.pod, error = %e, "the app did not answer a protocol switch");
+                return answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+            }
+        };
+        let status = response.status();
+        if status != StatusCode::SWITCHING_PROTOCOLS {
+            if status.is_success() {
+                return answer(
+                    StatusCode::BAD_GATEWAY,
+                    format!("the app answered {status} to a protocol switch without switching"),
+                );
+            }
+            h::strip_hop_by_hop(response.headers_mut());
+            return response.map(h::incoming);
+        }
+        h::join(
+            self.pod.pod.clone(),
+            tunnel,
+            hyper::upgrade::on(&mut response),
+        );
+        let (mut head, _) = response.into_parts();
+        let switched = head
+            .headers
+            .get(header::UPGRADE)
+            .cloned()
+            .unwrap_or(protocol);
+        h::strip_hop_by_hop(&mut head.headers);
+        head.headers.insert(h::UPGRADE_HEADER, switched);
+        head.status = StatusCode::OK;
+        head.version = Version::HTTP_2;
+        Response::from_parts(head, h::full(hyper::body::Bytes::new()))
     }
 }
 

@@ -18,6 +18,7 @@ use aether_routing::table::ServiceRef;
 use aether_routing::{Outcome, PortProtocol, RequestView, Sniffed, sniff};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Incoming};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
@@ -271,7 +272,7 @@ async fn serve_http(conn: Connection, stream: TcpStream) {
         .timer(TokioTimer::new())
         .max_header_list_size(h::MAX_HEADER_BYTES as u32);
     if let Err(e) = builder
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .await
     {
         debug!(error = %e, "captured HTTP connection ended with an error");
@@ -472,6 +473,10 @@ impl Connection {
             ));
         };
         let endpoint = &endpoints[index];
+        // A protocol switch (WebSocket) asked for by the client: its connection is taken over
+        // once the backend switched.
+        let upgrade = h::upgrade_of(&parts.method, parts.version, &parts.headers)
+            .zip(parts.extensions.remove::<OnUpgrade>());
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(CLIENT_IDENTITY_HEADER);
         let host = authority(&parts.uri, &parts.headers)
@@ -483,11 +488,24 @@ impl Connection {
         }
         let in_flight = balancer.start(endpoint.addr);
         let exchange = async {
-            if endpoint.meshed {
-                self.send_mesh(snapshot, &service, endpoint.addr, parts, body, &host)
+            match (upgrade, endpoint.meshed) {
+                (Some((protocol, client)), true) => {
+                    let switch = Switch { protocol, client };
+                    self.switch_mesh(snapshot, &service, endpoint.addr, parts, switch)
+                        .await
+                }
+                (Some((protocol, client)), false) => {
+                    let switch = Switch { protocol, client };
+                    self.switch_plain(endpoint.addr, parts, switch).await
+                }
+                (None, true) => self
+                    .send_mesh(snapshot, &service, endpoint.addr, parts, body, &host)
                     .await
-            } else {
-                self.send_plain(endpoint.addr, parts, body).await
+                    .map(without_hop_by_hop),
+                (None, false) => self
+                    .send_plain(endpoint.addr, parts, body)
+                    .await
+                    .map(without_hop_by_hop),
             }
         };
         let result = match timeout {
@@ -505,10 +523,9 @@ impl Connection {
             None => exchange.await,
         };
         match result {
-            Ok(mut response) => {
+            Ok(response) => {
                 in_flight.finish();
-                strip_hop_by_hop(response.headers_mut());
-                served(response.map(h::incoming))
+                served(response)
             }
             Err(message) => {
                 in_flight.fail();
@@ -551,6 +568,89 @@ impl Connection {
         conn.send(Request::from_parts(parts, body))
             .await
             .map_err(|e| aether_cni::error_chain(&e))
+    }
+
+    /// The client's protocol switch, to an unmeshed endpoint: the request as the client sent
+    /// it, and on `101 Switching Protocols` both connections are joined.
+    async fn switch_plain(
+        &self,
+        endpoint: SocketAddr,
+        mut parts: ::http::request::Parts,
+        switch: Switch,
+    ) -> Result<Response<Body>, String> {
+        h::set_upgrade(&mut parts.headers, switch.protocol);
+        let request = Request::from_parts(parts, h::full(Bytes::new()));
+        let mut response = self
+            .clients
+            .plain(endpoint, request, false)
+            .await
+            .map_err(|e| e.to_string())?;
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            h::join(
+                self.pod.pod.clone(),
+                switch.client,
+                hyper::upgrade::on(&mut response),
+            );
+        } else {
+            strip_hop_by_hop(response.headers_mut());
+        }
+        Ok(response.map(h::incoming))
+    }
+
+    /// The client's protocol switch, to a meshed endpoint: a CONNECT tunnel on the pooled mTLS
+    /// connection ([`Carried::Upgrade`]), whose proxy sends the app the request. Once the app
+    /// switched, the client gets `101 Switching Protocols` with the app's headers, and its
+    /// connection is joined to the tunnel; any other answer is the app's, as it gave it.
+    async fn switch_mesh(
+        &self,
+        snapshot: &Snapshot,
+        service: &ServiceKey,
+        endpoint: SocketAddr,
+        parts: ::http::request::Parts,
+        switch: Switch,
+    ) -> Result<Response<Body>, String> {
+        let mut conn = self.mesh_conn(snapshot, service, endpoint).await?;
+        let mut request = Request::new(h::full(Bytes::new()));
+        *request.method_mut() = Method::CONNECT;
+        *request.uri_mut() = endpoint
+            .to_string()
+            .parse()
+            .map_err(|e| format!("{endpoint} as an authority: {e}"))?;
+        *request.version_mut() = Version::HTTP_2;
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+        let headers = request.headers_mut();
+        *headers = parts.headers;
+        headers.insert(
+            FORWARD_HEADER,
+            forward_value(endpoint.port(), Carried::Upgrade),
+        );
+        headers.insert(h::UPGRADE_HEADER, switch.protocol);
+        headers.insert(
+            h::PATH_HEADER,
+            HeaderValue::from_str(&path).map_err(|e| format!("path {path:?}: {e}"))?,
+        );
+        let mut response = conn
+            .send(request)
+            .await
+            .map_err(|e| aether_cni::error_chain(&e))?;
+        let switched = response.headers_mut().remove(h::UPGRADE_HEADER);
+        let (Some(switched), StatusCode::OK) = (switched, response.status()) else {
+            return Ok(response.map(h::incoming));
+        };
+        h::join(
+            self.pod.pod.clone(),
+            switch.client,
+            hyper::upgrade::on(&mut response),
+        );
+        let (mut head, _) = response.into_parts();
+        head.status = StatusCode::SWITCHING_PROTOCOLS;
+        head.version = Version::HTTP_11;
+        h::set_upgrade(&mut head.headers, switched);
+        Ok(Response::from_parts(head, h::full(Bytes::new())))
     }
 
     /// A pooled mTLS connection to `endpoint`'s proxy, whose peer proved one of `service`'s
@@ -678,6 +778,18 @@ impl Connection {
             })?;
         Ok(self.source.get_or_init(|| source))
     }
+}
+
+/// A protocol switch the client asked for: the protocol, and the client's connection once
+/// hyper has answered it.
+struct Switch {
+    protocol: HeaderValue,
+    client: OnUpgrade,
+}
+
+fn without_hop_by_hop(mut response: Response<Incoming>) -> Response<Body> {
+    strip_hop_by_hop(response.headers_mut());
+    response.map(h::incoming)
 }
 
 /// A backend's peer must prove one of the identities the backend Service may present (the

@@ -7,6 +7,9 @@
 //! - A tenant's HTTPRoute on `default/kubernetes`, whose port is named `https`: the route is not
 //!   accepted (`UnsupportedProtocol`), and the tenant's own meshed pods still reach the API
 //!   server over its TLS.
+//! - A WebSocket on an HTTP port, from a pod on one node to a pod on the other: the handshake
+//!   and a message both ways go through, over mTLS to a meshed pod (which sees the caller's
+//!   identity on the handshake) and in plaintext to a pod that opted out.
 
 use std::time::{Duration, Instant};
 
@@ -34,7 +37,16 @@ fn workloads() -> String {
          spec:\n  nodeName: node-1\n  containers:\n  - name: shell\n    image: \"{NODE_SHELL_IMAGE}\"\n\
          \x20   command: [sleep, \"86400\"]\n---\n\
          apiVersion: v1\nkind: Pod\nmetadata: {{name: echo, namespace: {NS}}}\n\
-         spec:\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n---\n\
+         spec:\n  nodeName: node-1\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: ws, namespace: {NS}, labels: {{app: ws}}}}\n\
+         spec:\n  nodeName: node-2\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: ws-plain, namespace: {NS}, labels: {{app: ws-plain}},\n\
+         \x20 annotations: {{aether.io/capture: disabled}}}}\n\
+         spec:\n  nodeName: node-2\n  containers: [{{name: echo, image: \"{ECHO_IMAGE}\"}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: ws, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: ws}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: ws-plain, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: ws-plain}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
          apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: hijack, namespace: {NS}}}\n\
          spec:\n  parentRefs: [{{group: \"\", kind: Service, name: kubernetes, namespace: default, port: 443}}]\n\
          \x20 rules: [{{backendRefs: [{{name: mail, port: 25}}]}}]\n"
@@ -47,7 +59,7 @@ async fn ports_are_carried_as_what_they_are() -> Result<()> {
     install(&cluster, &[]).await?;
     cluster.delete_namespaces(&[NS])?;
     cluster.apply_text(&workloads())?;
-    cluster.wait_ready(NS, 3, Duration::from_secs(90)).await?;
+    cluster.wait_ready(NS, 5, Duration::from_secs(90)).await?;
     wait_nodes_applied(&cluster).await?;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NS);
 
@@ -55,6 +67,8 @@ async fn ports_are_carried_as_what_they_are() -> Result<()> {
     a_server_first_protocol_gets_its_banner_through(&cluster, &shell).await?;
     let echo = pods.get("echo").await.context("the echo pod")?;
     a_route_on_the_api_servers_https_port_changes_nothing(&cluster, &echo).await?;
+    a_websocket_goes_through(&cluster, &echo, "ws", true).await?;
+    a_websocket_goes_through(&cluster, &echo, "ws-plain", false).await?;
 
     cluster.delete_namespaces(&[NS])?;
     uninstall(&cluster).await?;
@@ -83,6 +97,39 @@ async fn a_server_first_protocol_gets_its_banner_through(
             );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A WebSocket from `from` to Service `service`: the echo server answers the client's message
+/// with what it saw of the handshake. Over mTLS (`meshed`) it saw the caller's identity.
+async fn a_websocket_goes_through(
+    cluster: &Cluster,
+    from: &Pod,
+    service: &str,
+    meshed: bool,
+) -> Result<()> {
+    // The server appends its status line right after the message: a newline keeps it apart.
+    let args = [format!("ws://{service}/"), "--msg=ping\n".to_string()];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answered = client(cluster, from, &args).await;
+        let exchange = answered.as_ref().ok().and_then(|a| a.first());
+        let identity = exchange.and_then(|e| e.body.identity());
+        let expected = format!("spiffe://cluster.local/ns/{NS}/sa/default");
+        match exchange {
+            Some(e)
+                if e.status == Some(200) && (identity.as_deref() == Some(&expected)) == meshed =>
+            {
+                eprintln!(
+                    "a WebSocket to {service} went through (caller identity seen: {identity:?})"
+                );
+                return Ok(());
+            }
+            _ if Instant::now() > deadline => {
+                bail!("a WebSocket to {service} (meshed: {meshed}) got {answered:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
     }
 }
 
