@@ -87,7 +87,12 @@ async fn main() -> Result<()> {
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
     tracing::info!(addr = %args.metrics_addr, "serving /healthz, /readyz and /metrics");
     let scraped = metrics.clone();
-    let admin = tokio::spawn(aether_admin::serve(admin, move || scraped.text(), ready));
+    let admin = tokio::spawn(aether_admin::serve(
+        admin,
+        move || scraped.text(),
+        ready,
+        aether_admin::Limits::default(),
+    ));
     let election = tokio::spawn(leader::elect(
         client.clone(),
         args.namespace.clone(),

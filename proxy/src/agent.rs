@@ -213,6 +213,11 @@ impl Agent {
                     next.set_generation(&id, capture.generation);
                     update.updated.push(id);
                 }
+                // The pod is going: its table went with its netns, and its DEL (or the
+                // runtime's GC) takes it out of the registry. Nothing to retry.
+                Err(nft::NftError::NetnsGone(_)) => {
+                    debug!(pod = %pod.pod, container_id = %id, "a pod's netns is gone; its capture set is not updated");
+                }
                 Err(e) => {
                     warn!(pod = %pod.pod, container_id = %id, error = %e,
                         "cannot update the capture set of a pod's table");

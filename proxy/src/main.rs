@@ -85,8 +85,9 @@ struct RunArgs {
     /// The inbound mTLS port inside each meshed pod's network namespace.
     #[arg(long, default_value_t = 15008, value_parser = clap::value_parser!(u16).range(1..))]
     inbound_port: u16,
-    /// Serves /healthz, /readyz and /metrics.
-    #[arg(long, default_value = "0.0.0.0:15020")]
+    /// Serves /healthz, /readyz and /metrics: `ADDRESS:PORT`, the address bare for IPv6 too
+    /// (`fd00::1:15020`), as the downward API's `status.hostIP` gives it.
+    #[arg(long, default_value = "0.0.0.0:15020", value_parser = parse_listen_addr)]
     admin_addr: SocketAddr,
     /// Run without the cluster: JSON capture set, `{"generation": 1, "targets":
     /// ["10.96.0.10:80", "[fd00::10]:80"]}`, re-read on SIGHUP.
@@ -175,6 +176,19 @@ impl PodView for NoClusterView {
     fn pod_ips(&self, _: &PodRef) -> Result<Vec<std::net::IpAddr>, ViewError> {
         Err(NoClusterView::error())
     }
+}
+
+/// `ADDRESS:PORT`, with an IPv6 address in brackets or bare (the port is after the last `:`).
+fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let (ip, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?} is not ADDRESS:PORT"))?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|e| format!("{ip:?}: {e}"))?;
+    let port: u16 = port.parse().map_err(|e| format!("port {port:?}: {e}"))?;
+    Ok(SocketAddr::new(ip, port))
 }
 
 fn main() -> ExitCode {
@@ -302,6 +316,7 @@ async fn run(
             admin,
             move || scraped.text(),
             readiness,
+            aether_admin::Limits::default(),
         )),
     )];
     let nft = args
@@ -609,5 +624,21 @@ async fn reload(agent: &Arc<Agent>, path: Option<&Path>) {
             "applied the capture set"
         ),
         Err(e) => error!(error = %e, "updating the capture set failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listen_address_takes_a_bare_ipv6_address() {
+        let parsed = |text| parse_listen_addr(text).map(|a| a.to_string());
+        assert_eq!(parsed("10.0.0.1:15020").unwrap(), "10.0.0.1:15020");
+        assert_eq!(parsed("[fd00::1]:15020").unwrap(), "[fd00::1]:15020");
+        assert_eq!(parsed("fd00::1:15020").unwrap(), "[fd00::1]:15020");
+        for bad in ["", "15020", "node:15020", "10.0.0.1:", "10.0.0.1:70000"] {
+            assert!(parse_listen_addr(bad).is_err(), "{bad}");
+        }
     }
 }

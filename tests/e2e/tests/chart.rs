@@ -280,7 +280,7 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         .collect();
     let expected = "aether-proxy run --node $(NODE_NAME) --cni-socket /var/run/aether/cni.sock \
         --state-dir /var/lib/aether/proxy --capture-port 15001 --inbound-port 15008 \
-        --admin-addr 0.0.0.0:15020 --namespace mesh-test --daemonset aether-proxy \
+        --admin-addr $(HOST_IP):15020 --namespace mesh-test --daemonset aether-proxy \
         --uninstall-marker aether-uninstalling --trust-domain cluster.local --ca-address aether-operator.mesh-test.svc:8443 \
         --token-file /var/run/secrets/aether/token --worker-threads 1";
     assert_eq!(argv.join(" "), expected);
@@ -294,6 +294,12 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         proxy["env"].as_array().into_iter().flatten().any(|e| e
             == &json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})),
         "POD_NAME: {}",
+        proxy["env"]
+    );
+    assert!(
+        proxy["env"].as_array().into_iter().flatten().any(|e| e
+            == &json!({"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})),
+        "HOST_IP: {}",
         proxy["env"]
     );
     // The proxies' one signal of an uninstall: made by `helm uninstall` before anything goes.

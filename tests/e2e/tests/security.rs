@@ -27,6 +27,10 @@
 //!
 //! What a compromised proxy process holds: on each node it is root with exactly CAP_NET_ADMIN
 //! and CAP_SYS_ADMIN (effective and bounding), under a seccomp filter, as the kernel reports it.
+//!
+//! The proxy's admin port: on the node's address only (not on its loopback, nor any other
+//! address of the node), and a pod holding silent connections to it is cut off after the head
+//! timeout, while the kubelet's probes keep the proxy Ready.
 
 use aether_crds::NodeConfig;
 use std::time::Duration;
@@ -119,6 +123,7 @@ async fn attacks_are_contained() -> Result<()> {
     a_pods_own_ports_stay_its_own(&cluster).await?;
     a_socket_mark_does_not_escape_capture(&cluster).await?;
     the_proxy_holds_two_capabilities_under_seccomp(&cluster)?;
+    the_admin_port_is_on_the_node_address_only(&cluster).await?;
     uninstall(&cluster).await.context("uninstalling aether")?;
     unmesh_workloads(&cluster)?;
     Ok(())
@@ -478,6 +483,50 @@ fn the_proxy_holds_two_capabilities_under_seccomp(cluster: &Cluster) -> Result<(
     }
     eprintln!(
         "every proxy process holds CAP_NET_ADMIN and CAP_SYS_ADMIN only, under a seccomp filter"
+    );
+    Ok(())
+}
+
+/// The proxy's admin port listens on the node's address only, and a pod's silent connections
+/// to it are closed after the head timeout (5 s).
+async fn the_admin_port_is_on_the_node_address_only(cluster: &Cluster) -> Result<()> {
+    let node: Value =
+        serde_json::from_str(&cluster.kubectl(&["get", "node", "node-1", "-o", "json"])?)?;
+    let node_ip = node["status"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .context("node-1 has no InternalIP")?
+        .to_owned();
+    let shell = aether_e2e::node::shell(cluster, "node-1")?;
+    let reach = |host: &str| -> Result<bool> {
+        let script = format!("nc -w 2 {host} 15020 </dev/null; echo exit=$?");
+        let output = cluster.exec(&shell, "shell", &["sh", "-c", &script])?;
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .trim_end()
+            .ends_with("exit=0"))
+    };
+    if !reach(&node_ip)? || reach("127.0.0.1")? {
+        bail!("the admin port is not on node-1's address {node_ip} alone");
+    }
+    // A meshed pod opens a connection and says nothing: the proxy closes it.
+    let pod = client_pod(cluster, MESH_NS, "app=echo,version=v1").await?;
+    let started = std::time::Instant::now();
+    // Its stdin a pipe nobody writes to: nc sends nothing and ends only when the proxy closes.
+    let script = format!(
+        "f=/dev/shm/silent-$$; mkfifo $f; exec 3<>$f; timeout 30 nc {node_ip} 15020 <&3; echo closed"
+    );
+    let output = cluster.exec(&pod, "echo", &["sh", "-c", &script])?;
+    let waited = started.elapsed();
+    if !String::from_utf8_lossy(&output.stdout).contains("closed")
+        || waited > Duration::from_secs(20)
+    {
+        bail!("a silent connection to the admin port was held for {waited:?}: {output:?}");
+    }
+    eprintln!(
+        "the admin port listens on the node's address only; a pod's silent connection was closed after {waited:?}"
     );
     Ok(())
 }
