@@ -11,7 +11,8 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tracing::debug;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -140,6 +141,24 @@ pub fn upgrade_of(
 pub fn set_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, protocol);
+}
+
+/// The server of plaintext HTTP from a pod or the node (HTTP/1.1 and h2c): request heads up to
+/// [`MAX_HEADER_BYTES`], an HTTP/1 head within [`HEADER_READ_TIMEOUT`]. Without a timer hyper
+/// enforces no header timeout: a client sending its head byte by byte would hold the
+/// connection (and its memory) for ever.
+pub fn plaintext_server() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    builder
 }
 
 /// Joins two connections that switched protocols (the client's and the backend's, each handed

@@ -259,19 +259,7 @@ async fn serve_http(conn: Connection, stream: TcpStream) {
         let conn = conn.clone();
         async move { Ok::<_, std::convert::Infallible>(conn.handle(request).await) }
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // Without a timer hyper enforces no header timeout: a client sending its head byte by
-    // byte would hold the connection (and its memory) for ever.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(h::HEADER_READ_TIMEOUT)
-        .max_buf_size(h::MAX_HEADER_BYTES);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(h::MAX_HEADER_BYTES as u32);
-    if let Err(e) = builder
+    if let Err(e) = h::plaintext_server()
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .await
     {

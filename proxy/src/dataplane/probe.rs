@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ::http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
@@ -71,17 +71,7 @@ pub async fn serve(plane: Arc<DataPlane>, mesh: &Mesh, stream: TcpStream, pod: A
         let forward = forward.clone();
         async move { Ok::<_, std::convert::Infallible>(forward.handle(request).await) }
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(h::HEADER_READ_TIMEOUT)
-        .max_buf_size(h::MAX_HEADER_BYTES);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(h::MAX_HEADER_BYTES as u32);
-    if let Err(e) = builder
+    if let Err(e) = h::plaintext_server()
         .serve_connection(TokioIo::new(stream), service)
         .await
     {

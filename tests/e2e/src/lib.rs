@@ -339,6 +339,20 @@ impl Cluster {
         self.exec(&shell, "shell", &command)
     }
 
+    /// A node's address (its `InternalIP`).
+    pub fn node_ip(&self, node: &str) -> Result<String> {
+        let object: serde_json::Value =
+            serde_json::from_str(&self.kubectl(&["get", "node", node, "-o", "json"])?)?;
+        object["status"]["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["type"] == "InternalIP")
+            .and_then(|a| a["address"].as_str())
+            .map(str::to_owned)
+            .with_context(|| format!("node {node} has no InternalIP"))
+    }
+
     /// [`Cluster::on_node`] that must succeed; its stdout.
     pub fn on_node_ok(&self, node: &str, argv: &[&str]) -> Result<String> {
         let output = self.on_node(node, argv)?;

@@ -757,16 +757,7 @@ async fn strict_mode_admits_only_the_nodes_probes(cluster: &Cluster) -> Result<S
     let service: Value = serde_json::from_str(
         &cluster.kubectl(&["-n", MESH_NS, "get", "service", "probed", "-o", "json"])?,
     )?;
-    let node: Value =
-        serde_json::from_str(&cluster.kubectl(&["get", "node", "node-2", "-o", "json"])?)?;
-    let node_ip = node["status"]["addresses"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|a| a["type"] == "InternalIP")
-        .and_then(|a| a["address"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+    let node_ip = cluster.node_ip("node-2")?;
     let node_port = format!("{node_ip}:{}", service["spec"]["ports"][0]["nodePort"]);
     if let Reached::Connected = node_connect(cluster, "node-1", &node_port)? {
         bail!("strict mode: NodePort {node_port} reached the pod in plaintext");

@@ -490,16 +490,7 @@ fn the_proxy_holds_two_capabilities_under_seccomp(cluster: &Cluster) -> Result<(
 /// The proxy's admin port listens on the node's address only, and a pod's silent connections
 /// to it are closed after the head timeout (5 s).
 async fn the_admin_port_is_on_the_node_address_only(cluster: &Cluster) -> Result<()> {
-    let node: Value =
-        serde_json::from_str(&cluster.kubectl(&["get", "node", "node-1", "-o", "json"])?)?;
-    let node_ip = node["status"]["addresses"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|a| a["type"] == "InternalIP")
-        .and_then(|a| a["address"].as_str())
-        .context("node-1 has no InternalIP")?
-        .to_owned();
+    let node_ip = cluster.node_ip("node-1")?;
     let shell = aether_e2e::node::shell(cluster, "node-1")?;
     let reach = |host: &str| -> Result<bool> {
         let script = format!("nc -w 2 {host} 15020 </dev/null; echo exit=$?");

@@ -75,10 +75,30 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], tokens: &[&[u8]], input: &[u8]) -> V
     out
 }
 
+/// The seeds as files `seed-N` in `dir`, and `tokens` as a libFuzzer dictionary `dir.dict`.
+fn write_corpus(dir: &std::path::Path, seeds: &[Vec<u8>], tokens: &[&[u8]]) {
+    std::fs::create_dir_all(dir).expect("the corpus directory");
+    for (n, input) in seeds.iter().enumerate() {
+        std::fs::write(dir.join(format!("seed-{n}")), input).expect("a seed file");
+    }
+    let dict: String = tokens
+        .iter()
+        .map(|token| {
+            let escaped: String = token.iter().map(|b| format!("\\x{b:02x}")).collect();
+            format!("\"{escaped}\"\n")
+        })
+        .collect();
+    std::fs::write(dir.with_extension("dict"), dict).expect("the dictionary");
+}
+
 /// Runs `check` on every seed, then on `rounds` seeded mutations of them (bit flips, byte
 /// edits, cuts, splices of other seeds, `tokens`); returns the number of executions.
 /// Deterministic, so a failure reproduces; the crates' `tests/fuzz.rs` run it on stable in
 /// every test run, and `cargo fuzz` goes further with coverage guidance.
+///
+/// With `AETHER_FUZZ_SEEDS=DIR` it only writes the seeds into `DIR` and `tokens` into
+/// `DIR.dict`, a corpus and dictionary for `cargo fuzz` (`tests/fuzz.sh`), and checks them:
+/// the seeds stay in one place, the test.
 pub fn run(
     seeds: &[Vec<u8>],
     tokens: &[&[u8]],
@@ -86,6 +106,11 @@ pub fn run(
     rounds: usize,
     check: impl Fn(&[u8]),
 ) -> usize {
+    if let Some(dir) = std::env::var_os("AETHER_FUZZ_SEEDS") {
+        write_corpus(std::path::Path::new(&dir), seeds, tokens);
+        seeds.iter().for_each(|input| check(input));
+        return seeds.len();
+    }
     let mut rng = Rng(seed);
     for input in seeds {
         check(input);
