@@ -1,5 +1,5 @@
-//! The API server fallback: with the proxy down, pods the API server says are unmeshed start,
-//! meshed ones fail closed. Runs against the local cluster's real API server (started by
+//! The API server fallback: with the proxy down, pods of namespaces the API server says are
+//! unmanaged start; the others fail closed, opted-out ones too (the plugin reads no pod). Runs against the local cluster's real API server (started by
 //! `tests/run.sh`, or here through the e2e test API when it is not running).
 
 mod common;
@@ -107,24 +107,27 @@ fn with_the_proxy_down_the_api_server_decides() {
         pod
     };
 
-    for (namespace, name) in [(&plain, "plain"), (&managed, "opted-out")] {
-        let pod = pod(namespace, name);
-        let (run, prev) = node.add(&pod);
-        assert_eq!(run.ok().json(), prev);
-        assert!(!ruleset(&pod.netns).contains("aether"));
-    }
+    let plain = pod(&plain, "plain");
+    let (run, prev) = node.add(&plain);
+    assert_eq!(run.ok().json(), prev);
+    assert!(!ruleset(&plain.netns).contains("aether"));
 
-    let meshed = pod(&managed, "meshed");
-    let (run, _) = node.add(&meshed);
-    assert_eq!(run.error_code(), 11, "{run:?}");
-    let reply = run.json();
-    assert!(
-        reply["msg"].as_str().unwrap().contains("not reachable"),
-        "{reply}"
-    );
-    assert!(
-        reply["details"].as_str().unwrap().contains("is meshed"),
-        "{reply}"
-    );
-    assert!(!ruleset(&meshed.netns).contains("aether"));
+    for name in ["meshed", "opted-out"] {
+        let held = pod(&managed, name);
+        let (run, _) = node.add(&held);
+        assert_eq!(run.error_code(), 11, "{run:?}");
+        let reply = run.json();
+        assert!(
+            reply["msg"].as_str().unwrap().contains("not reachable"),
+            "{reply}"
+        );
+        assert!(
+            reply["details"]
+                .as_str()
+                .unwrap()
+                .contains("is in a managed namespace"),
+            "{reply}"
+        );
+        assert!(!ruleset(&held.netns).contains("aether"));
+    }
 }

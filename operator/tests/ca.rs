@@ -636,6 +636,120 @@ async fn svids_only_for_the_proxy_and_workloads_on_its_node() -> Result<()> {
     Ok(())
 }
 
+/// A proxy reads no pod from the API server; the CA endpoint gives it its own node's, as the
+/// API server lists and watches them (kube's own client reads it), and nothing else.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pod_feed_gives_a_proxy_its_own_nodes_pods_only() -> Result<()> {
+    let cluster = cluster().await?;
+    let id = unique("feed");
+    let ns = format!("aether-ca-{id}");
+    let config = test_config(&id, ServiceAccountRef::new(&ns, "aether-proxy"));
+    let _cleanup = cleanup_for(&cluster, &config, Some(&ns));
+    let client = cluster.client.clone();
+    cluster.kubectl(&["create", "namespace", &ns])?;
+    for sa in ["aether-proxy", "workload"] {
+        create_service_account(&client, &ns, sa).await?;
+    }
+    let proxy_pod = create_pod(&client, &ns, "proxy", "aether-proxy", "node-1").await?;
+    let workload_pod = create_pod(&client, &ns, "workload-1", "workload", "node-1").await?;
+    create_pod(&client, &ns, "workload-2", "workload", "node-2").await?;
+
+    let running = start_ca(&cluster, config.clone()).await?;
+    let (addr, bundle) = (running.local_addr(), running.trust_bundle_pem());
+    let proxy_token = pod_token(&client, &ns, "aether-proxy", &proxy_pod, "aether").await?;
+    let get = |token: Option<String>, query: &str| {
+        let (bundle, path) = (bundle.clone(), format!("/api/v1/pods?{query}"));
+        async move { call(addr, &bundle, Method::GET, &path, token.as_deref(), None).await }
+    };
+
+    let (status, list) = get(
+        Some(proxy_token.clone()),
+        "fieldSelector=spec.nodeName%3Dnode-1",
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(list["kind"], "PodList");
+    let items = list["items"].as_array().context("a PodList has items")?;
+    let names: Vec<&str> = items
+        .iter()
+        .filter(|p| p["metadata"]["namespace"] == ns.as_str())
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&"proxy") && names.contains(&"workload-1"));
+    assert!(items.iter().all(|p| p["spec"]["nodeName"] == "node-1"));
+
+    for (what, query) in [
+        ("another node's", "fieldSelector=spec.nodeName%3Dnode-2"),
+        ("every", ""),
+        ("every", "watch=true"),
+        (
+            "a wider selection of",
+            "fieldSelector=spec.nodeName%21%3Dnode-2",
+        ),
+    ] {
+        let (status, body) = get(Some(proxy_token.clone()), query).await?;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("OtherNode")),
+            "{what} pods, {query:?}: {body}"
+        );
+    }
+    let (status, body) = get(
+        Some(proxy_token.clone()),
+        "fieldSelector=spec.nodeName%3Dnode-1&labelSelector=app",
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Only the proxies' ServiceAccount, with a token bound to a pod on the node.
+    let workload_token = pod_token(&client, &ns, "workload", &workload_pod, "aether").await?;
+    let (status, body) = get(Some(workload_token), "fieldSelector=spec.nodeName%3Dnode-1").await?;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, _) = get(None, "fieldSelector=spec.nodeName%3Dnode-1").await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // kube's watcher, as the proxy runs it: the initial list, then a pod created on the node.
+    let mut feed_config = kube::Config::new(format!("https://{addr}").parse()?);
+    feed_config.root_cert = Some(certs(&bundle)?.iter().map(|c| c.to_vec()).collect());
+    feed_config.tls_server_name = Some(SERVER_NAME.into());
+    feed_config.auth_info.token = Some(proxy_token.into());
+    let feed: Api<Pod> = Api::all(kube::Client::try_from(feed_config)?);
+    let selector = kube::runtime::watcher::Config::default().fields("spec.nodeName=node-1");
+    let mut events = std::pin::pin!(kube::runtime::watcher(feed, selector));
+    let mut seen = Vec::new();
+    let watched = tokio::time::timeout(Duration::from_secs(30), async {
+        use futures::StreamExt;
+        while let Some(event) = events.next().await {
+            match event? {
+                kube::runtime::watcher::Event::InitDone => {
+                    create_pod(&client, &ns, "later", "workload", "node-1").await?;
+                }
+                kube::runtime::watcher::Event::InitApply(pod)
+                | kube::runtime::watcher::Event::Apply(pod) => {
+                    ensure!(
+                        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("node-1")
+                    );
+                    if pod.metadata.namespace.as_deref() == Some(&ns) {
+                        seen.extend(pod.metadata.name);
+                    }
+                    if seen.iter().any(|n| n == "later") {
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+        }
+        bail!("the watch ended")
+    })
+    .await;
+    watched.context("no watch event for a new pod within 30 s")??;
+    assert!(seen.iter().any(|n| n == "proxy"), "{seen:?}");
+    assert!(!seen.iter().any(|n| n == "workload-2"), "{seen:?}");
+
+    running.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn racing_starts_agree_and_a_restart_reuses_the_root() -> Result<()> {
     let cluster = cluster().await?;

@@ -38,6 +38,7 @@ use crate::identity::tls::Certs;
 use crate::last_config::LastConfig;
 use crate::mesh::{Inputs, Snapshot};
 use crate::metrics::Metrics;
+use crate::node_pods::NodePods;
 use crate::pod_view::{Labels, PodView, ViewError};
 use crate::probes::Probes;
 
@@ -65,7 +66,7 @@ pub struct Install {
 /// Caches of what this node's proxy needs to know.
 pub struct ClusterView {
     namespaces: Store<Namespace>,
-    pods: Store<Pod>,
+    pods: Arc<NodePods>,
     services: Store<Service>,
     slices: Store<EndpointSlice>,
     node_configs: Store<NodeConfig>,
@@ -75,8 +76,6 @@ pub struct ClusterView {
     install: Install,
     node: String,
     last_config: LastConfig,
-    /// When this proxy's pod was created, once seen.
-    pod_created: std::sync::OnceLock<Option<Time>>,
     synced: AtomicBool,
     pub changed: Arc<Notify>,
 }
@@ -101,12 +100,13 @@ where
 }
 
 impl ClusterView {
-    /// Starts the watches.
+    /// Starts the watches; `pods` is fed by [`crate::node_pods::feed`].
     pub fn start(
         client: &kube::Client,
         node: &str,
         install: Install,
         last_config: LastConfig,
+        pods: Arc<NodePods>,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let all = watcher::Config::default;
@@ -114,11 +114,7 @@ impl ClusterView {
             |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
         Arc::new(ClusterView {
             namespaces: watch(Api::all(client.clone()), all(), changed.clone()),
-            pods: watch(
-                Api::all(client.clone()),
-                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
-                changed.clone(),
-            ),
+            pods,
             services: watch(Api::all(client.clone()), all(), changed.clone()),
             slices: watch(Api::all(client.clone()), all(), changed.clone()),
             node_configs: watch(Api::all(client.clone()), by_name(node), changed.clone()),
@@ -143,17 +139,17 @@ impl ClusterView {
             install,
             node: node.to_owned(),
             last_config,
-            pod_created: std::sync::OnceLock::new(),
             synced: AtomicBool::new(false),
             changed,
         })
     }
 
-    /// Waits until every cache holds a first full list.
+    /// Waits until every cache holds a first full list (the node's pods: the feed's, or the
+    /// list saved by the last run).
     pub async fn wait_synced(&self) -> Result<(), String> {
         let results = [
             self.namespaces.wait_until_ready().await.is_ok(),
-            self.pods.wait_until_ready().await.is_ok(),
+            self.pods.store().wait_until_ready().await.is_ok(),
             self.services.wait_until_ready().await.is_ok(),
             self.slices.wait_until_ready().await.is_ok(),
             self.node_configs.wait_until_ready().await.is_ok(),
@@ -162,13 +158,6 @@ impl ClusterView {
             self.daemonsets.wait_until_ready().await.is_ok(),
         ];
         if results.iter().all(|ok| *ok) {
-            let own = self.install.pod.as_ref().and_then(|name| {
-                let pod = self
-                    .pods
-                    .get(&ObjectRef::new(name).within(&self.install.namespace))?;
-                pod.metadata.creation_timestamp.clone()
-            });
-            let _ = self.pod_created.set(own);
             self.synced.store(true, Ordering::Release);
             Ok(())
         } else {
@@ -229,6 +218,7 @@ impl ClusterView {
     pub fn wanted_service_accounts(&self, serving: &[PodRef]) -> BTreeSet<ServiceAccount> {
         let meshed = self
             .pods
+            .store()
             .state()
             .into_iter()
             .filter(|pod| !is_host_network(pod) && !is_finished(pod))
@@ -263,6 +253,7 @@ impl ClusterView {
 
     fn pod(&self, pod: &PodRef) -> Option<Arc<Pod>> {
         self.pods
+            .store()
             .get(&ObjectRef::new(&pod.name).within(&pod.namespace))
     }
 }
@@ -372,14 +363,16 @@ impl Workloads for ClusterView {
 }
 
 impl ClusterView {
-    /// This node's pods as enrolment sees them; `None` until the caches are filled (an empty
-    /// list would say every pod is gone).
+    /// This node's pods as enrolment sees them; `None` until the caches are filled and the
+    /// pod feed answered (an empty list would say every pod is gone, a saved one that gone pods
+    /// still run).
     pub fn node_pods(&self) -> Option<Vec<NodePod>> {
-        if !self.is_synced() {
+        if !self.is_synced() || !self.pods.is_live() {
             return None;
         }
         Some(
             self.pods
+                .store()
                 .state()
                 .iter()
                 .map(|pod| {
@@ -918,7 +911,14 @@ impl ClusterView {
     pub async fn is_uninstalling(&self) -> bool {
         let daemonset = ObjectRef::new(&self.install.daemonset).within(&self.install.namespace);
         let marker = ObjectRef::new(&self.install.uninstall_marker).within(&self.install.namespace);
-        let own = self.pod_created.get().cloned().flatten();
+        // This proxy's pod, from the node's pods.
+        let own = self.install.pod.as_ref().and_then(|name| {
+            let pod = self
+                .pods
+                .store()
+                .get(&ObjectRef::new(name).within(&self.install.namespace))?;
+            pod.metadata.creation_timestamp.clone()
+        });
         let mut deleted = false;
         for _ in 0..20 {
             deleted = deleted

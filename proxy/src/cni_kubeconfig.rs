@@ -1,6 +1,6 @@
 //! The kubeconfig aether-cni falls back to when the proxy cannot answer (it decides from the
-//! API server whether a pod is meshed, so unmeshed pods start while the proxy is down). It holds
-//! a token of the `aether-cni` ServiceAccount, which may only read namespaces and pods; the
+//! API server whether a pod's namespace is managed, so other pods start while the proxy is down).
+//! It holds a token of the `aether-cni` ServiceAccount, which may only read namespaces; the
 //! proxy requests it with the TokenRequest API and renews it long before it expires, so the
 //! fallback keeps working through a proxy outage of up to a day.
 

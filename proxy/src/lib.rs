@@ -4,6 +4,7 @@
 //! - [`agent`]: the answers to the plugin, the pods' listeners, their tables' capture sets,
 //!   drift repair.
 //! - [`registry`]: the registered pods, persisted so a restarted proxy reopens their listeners.
+//! - [`node_pods`]: this node's pods, from the operator's node-scoped feed.
 //! - [`pod_view`]: namespace labels and pod annotations, which decide whether a pod is meshed.
 //! - [`probes`]: how the kubelet probes a pod, which strict mode lets through.
 //! - [`enrol`]: which running pods of the node to mesh or take out of the mesh, no restart.
@@ -35,6 +36,7 @@ pub mod listeners;
 pub mod mesh;
 pub mod metrics;
 pub mod netns;
+pub mod node_pods;
 pub mod pod_view;
 pub mod probes;
 pub mod registry;

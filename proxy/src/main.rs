@@ -15,12 +15,13 @@ use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cluster::{self, ClusterView};
 use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
-use aether_proxy::identity::svid::{self, CaClient};
+use aether_proxy::identity::svid::{self, CaClient, Resolver};
 use aether_proxy::identity::tls::{Certs, TrustStore};
 use aether_proxy::last_config::LastConfig;
 use aether_proxy::listeners::ConnectionLimits;
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::Metrics;
+use aether_proxy::node_pods::{self, NodePods};
 use aether_proxy::pod_view::{Labels, PodView, ViewError};
 use aether_proxy::{cni_kubeconfig, cni_server};
 use anyhow::Context;
@@ -356,6 +357,7 @@ async fn run(
                     args.cni_kubeconfig.clone(),
                 )),
             ));
+            let (pods, pods_writer) = NodePods::load(&args.state_dir);
             let view = ClusterView::start(
                 &client,
                 &args.node,
@@ -367,7 +369,34 @@ async fn run(
                     pod: args.pod_name.clone(),
                 },
                 LastConfig::load(&args.state_dir),
+                pods.clone(),
             );
+            let resolver_view = view.clone();
+            let resolve: Resolver = Arc::new(move |host: &str| {
+                resolver_view.service_ip(host).or_else(|| {
+                    std::net::ToSocketAddrs::to_socket_addrs(&(host, 0))
+                        .ok()?
+                        .next()
+                        .map(|a| a.ip())
+                })
+            });
+            let bundle_view = view.clone();
+            lifelong.push((
+                "the pod feed",
+                tokio::spawn(node_pods::feed(
+                    pods_writer,
+                    pods,
+                    node_pods::FeedConfig {
+                        address: args.ca_address.clone(),
+                        token_file: args.token_file.clone(),
+                        node: args.node.clone(),
+                        state_dir: args.state_dir.clone(),
+                    },
+                    move || bundle_view.trust_bundle(),
+                    resolve.clone(),
+                    view.changed.clone(),
+                )),
+            ));
             let _ = ready.send(Err("waiting for the watch caches".into()));
             view.wait_synced().await.map_err(anyhow::Error::msg)?;
             let trust = TrustStore::new(&args.trust_domain);
@@ -418,19 +447,11 @@ async fn run(
             let agent =
                 start_agent(config, view.clone(), snapshot.capture.clone(), data, plane).await?;
             let (wanted, wanted_rx) = watch::channel(BTreeSet::new());
-            let resolver_view = view.clone();
             let ca = CaClient {
                 address: args.ca_address.clone(),
                 token_file: args.token_file.clone(),
                 trust: trust.clone(),
-                resolve: Arc::new(move |host: &str| {
-                    resolver_view.service_ip(host).or_else(|| {
-                        std::net::ToSocketAddrs::to_socket_addrs(&(host, 0))
-                            .ok()?
-                            .next()
-                            .map(|a| a.ip())
-                    })
-                }),
+                resolve,
             };
             lifelong.push((
                 "the SVID renewal",

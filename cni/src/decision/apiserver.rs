@@ -1,4 +1,6 @@
-//! The API server lookup behind [`super::decide`]: two metadata-only GETs.
+//! The API server lookup behind [`super::decide`]: one metadata-only GET, of the namespace.
+//! The plugin's identity reads no pod (its token is on every node), so a pod of a managed
+//! namespace is judged meshed here even if it opts out: it waits for the proxy, which can tell.
 //!
 //! Uses kube's client (already in the workspace, so no extra build) because it reads any
 //! kubeconfig the installer may write (token file, client certificate, CA data) and speaks TLS
@@ -8,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Api, Client, Config};
 
@@ -38,7 +40,7 @@ pub enum LookupError {
     Timeout(Duration),
 }
 
-/// Reads the namespace's labels and the pod's annotations, then decides. Bounded by `timeout`.
+/// Reads the namespace's labels, then decides. Bounded by `timeout`.
 pub fn lookup(kubeconfig: &Path, pod: &PodRef, timeout: Duration) -> Result<Meshing, LookupError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -70,30 +72,16 @@ async fn lookup_async(
         path: kubeconfig.to_owned(),
         source: Box::new(source),
     })?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client, &pod.namespace);
-    let (namespace, found) = tokio::try_join!(
-        async {
-            namespaces
-                .get_metadata(&pod.namespace)
-                .await
-                .map_err(|source| LookupError::Api {
-                    what: format!("namespace {}", pod.namespace),
-                    source: Box::new(source),
-                })
-        },
-        async {
-            pods.get_metadata(&pod.name)
-                .await
-                .map_err(|source| LookupError::Api {
-                    what: format!("pod {pod}"),
-                    source: Box::new(source),
-                })
-        },
-    )?;
+    let namespace = Api::<Namespace>::all(client)
+        .get_metadata(&pod.namespace)
+        .await
+        .map_err(|source| LookupError::Api {
+            what: format!("namespace {}", pod.namespace),
+            source: Box::new(source),
+        })?;
     Ok(decide(
         pod,
         &namespace.metadata.labels.unwrap_or_default(),
-        &found.metadata.annotations.unwrap_or_default(),
+        &Default::default(),
     ))
 }

@@ -1,5 +1,5 @@
-//! What the plugin does when the node proxy cannot answer: unmeshed pods go ahead, meshed pods
-//! (and pods it cannot judge) fail closed, so the runtime retries and no meshed pod ever starts
+//! What the plugin does when the node proxy cannot answer: pods of unmanaged namespaces go
+//! ahead, the others (and pods it cannot judge) fail closed, so the runtime retries and no meshed pod ever starts
 //! uncaptured.
 
 use std::fmt::Display;
@@ -40,7 +40,9 @@ pub fn judge(
         Ok(Meshing::Unmeshed { reason }) => Ok(reason),
         Ok(Meshing::Meshed) => Err(proxy_error(
             proxy,
-            format!("pod {pod} is meshed, so it must not start uncaptured; the runtime will retry"),
+            format!(
+                "pod {pod} is in a managed namespace, so it must not start uncaptured (an opt-out annotation is read by the proxy alone); the runtime will retry"
+            ),
         )),
         Err(e) => Err(proxy_error(
             proxy,
@@ -145,7 +147,11 @@ mod tests {
     fn meshed_pods_fail_closed() {
         let e = judge(&pod(), &unreachable(), Ok(Meshing::Meshed)).unwrap_err();
         assert_eq!(e.code, ErrorCode::TryAgainLater);
-        assert!(e.details.contains("pod shop/web-0 is meshed"), "{e}");
+        assert!(
+            e.details
+                .contains("pod shop/web-0 is in a managed namespace"),
+            "{e}"
+        );
     }
 
     #[test]

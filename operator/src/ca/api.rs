@@ -4,6 +4,8 @@
 //! `{"namespace": "...", "serviceAccount": "...", "csr": "<PEM PKCS#10>"}` answers
 //! `{"spiffeId", "certChain" (PEM, leaf first), "trustBundle" (PEM), "expiresAt" (RFC 3339)}`.
 //! `GET /v1/trust-bundle` answers `{"trustDomain", "trustBundle"}`.
+//! `GET /api/v1/pods?fieldSelector=spec.nodeName=<caller's node>` (list or watch, with the
+//! same bearer token) answers what the API server answers (see `pod_feed`).
 //! Errors answer `{"error": "<message>", "code": "<StableName>"}`.
 
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -77,7 +79,7 @@ pub enum ApiError {
     Csr(#[from] CsrError),
     #[error(transparent)]
     Denied(#[from] Denial),
-    #[error("too many SVID requests from this address, retry later")]
+    #[error("too many requests from this address, retry later")]
     TooManyRequests,
     #[error("cannot check the request right now, retry later")]
     Unavailable,
@@ -87,6 +89,12 @@ pub enum ApiError {
     NotFound,
     #[error("method not allowed (use {0})")]
     MethodNotAllowed(&'static str),
+    #[error(
+        "a proxy on node {node} may read the pods of its node only (fieldSelector=spec.nodeName={node}), not {selector:?}"
+    )]
+    OtherNode { node: String, selector: String },
+    #[error("pod feed: {0}")]
+    PodFeed(String),
 }
 
 impl ApiError {
@@ -94,10 +102,12 @@ impl ApiError {
         match self {
             ApiError::MissingToken => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Body(_) | ApiError::Json(_) | ApiError::Identity(_) | ApiError::Csr(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            ApiError::Denied(_) => StatusCode::FORBIDDEN,
+            ApiError::Body(_)
+            | ApiError::Json(_)
+            | ApiError::Identity(_)
+            | ApiError::Csr(_)
+            | ApiError::PodFeed(_) => StatusCode::BAD_REQUEST,
+            ApiError::Denied(_) | ApiError::OtherNode { .. } => StatusCode::FORBIDDEN,
             ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -119,6 +129,8 @@ impl ApiError {
             ApiError::Internal => "Internal",
             ApiError::NotFound => "NotFound",
             ApiError::MethodNotAllowed(_) => "MethodNotAllowed",
+            ApiError::OtherNode { .. } => "OtherNode",
+            ApiError::PodFeed(_) => "MalformedRequest",
         }
     }
 

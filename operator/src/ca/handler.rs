@@ -1,15 +1,18 @@
-//! One HTTP request in, one response out: routing, the SVID flow, and its audit log line.
+//! One HTTP request in, one response out: routing, the SVID flow and its audit log line, and
+//! the node-scoped pod feed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use http::header::{ACCEPT, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::api::{
     self, ApiError, MAX_BODY_BYTES, SVID_PATH, SvidResponse, TRUST_BUNDLE_PATH, TrustBundleResponse,
@@ -18,7 +21,17 @@ use super::authority::Authority;
 use super::authz::{self, NODE_NAME_EXTRA};
 use super::config::CaConfig;
 use super::limit::Limits;
+use super::pod_feed::{self, PODS_PATH};
 use super::review;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response body: a whole JSON answer, or the API server's pod list or watch stream.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+fn whole(response: Response<Full<Bytes>>) -> Response<Body> {
+    response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+}
 
 /// An SVID request that takes longer (a slow API server) is answered 503 so the proxy retries
 /// instead of hanging.
@@ -54,28 +67,92 @@ impl Handler {
         }
     }
 
-    pub async fn handle(
-        &self,
-        request: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Response<Full<Bytes>> {
+    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let reviewed = matches!(
+            (request.method(), request.uri().path()),
+            (&Method::POST, SVID_PATH) | (&Method::GET, PODS_PATH)
+        );
+        // Refused before anything is read: a flood costs the API server nothing.
+        if reviewed && !self.limits.admit(peer.ip(), Instant::now()) {
+            return whole(ApiError::TooManyRequests.response());
+        }
         match (request.method(), request.uri().path()) {
-            // Refused before anything is read: a flood costs the API server nothing.
-            (&Method::POST, SVID_PATH) if !self.limits.admit(peer.ip(), Instant::now()) => {
-                ApiError::TooManyRequests.response()
-            }
-            (&Method::POST, SVID_PATH) => self.svid(request).await,
-            (&Method::GET, TRUST_BUNDLE_PATH) => api::json(
+            (&Method::POST, SVID_PATH) => whole(self.svid(request).await),
+            (&Method::GET, PODS_PATH) => self.pods(request, peer).await,
+            (&Method::GET, TRUST_BUNDLE_PATH) => whole(api::json(
                 StatusCode::OK,
                 &TrustBundleResponse {
                     trust_domain: self.config.trust_domain.clone(),
                     trust_bundle: self.authority.borrow().bundle_pem().to_owned(),
                 },
-            ),
-            (_, SVID_PATH) => ApiError::MethodNotAllowed("POST").response(),
-            (_, TRUST_BUNDLE_PATH) => ApiError::MethodNotAllowed("GET").response(),
-            _ => ApiError::NotFound.response(),
+            )),
+            (_, SVID_PATH) => whole(ApiError::MethodNotAllowed("POST").response()),
+            (_, TRUST_BUNDLE_PATH | PODS_PATH) => {
+                whole(ApiError::MethodNotAllowed("GET").response())
+            }
+            _ => whole(ApiError::NotFound.response()),
         }
+    }
+
+    /// The pod feed: the caller's node's pods, listed or watched through the operator.
+    async fn pods(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let token = api::bearer_token(request.headers()).map(str::to_owned);
+        let query = request.uri().query().map(str::to_owned);
+        drop(request);
+        match self.forward_pods(token, query).await {
+            Ok(response) => response,
+            Err(e) => {
+                warn!(%peer, status = e.status().as_u16(), code = e.code(), reason = %e, "pod feed request refused");
+                whole(e.response())
+            }
+        }
+    }
+
+    async fn forward_pods(
+        &self,
+        token: Result<String, ApiError>,
+        query: Option<String>,
+    ) -> Result<Response<Body>, ApiError> {
+        let token = token?;
+        let status = {
+            let _slot = self
+                .limits
+                .review_slot()
+                .await
+                .ok_or(ApiError::Unavailable)?;
+            tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                review::review_token(&self.client, &token, &self.config.token_audience),
+            )
+            .await
+            .map_err(|_| ApiError::Unavailable)?
+            .map_err(|e| {
+                error!(error = %e, "TokenReview failed");
+                ApiError::Unavailable
+            })?
+        };
+        let caller = authz::identify_caller(
+            &status,
+            &self.config.token_audience,
+            &self.config.proxy_service_account,
+        )?;
+        let query = pod_feed::upstream_query(query.as_deref(), &caller.node)?;
+        debug!(node = caller.node, query, "serving the pod feed");
+        let upstream = Request::get(format!("{PODS_PATH}?{query}"))
+            .header(ACCEPT, "application/json")
+            .body(kube::client::Body::from(Vec::new()))
+            .map_err(|_| ApiError::Internal)?;
+        let answer = self.client.send(upstream).await.map_err(|e| {
+            error!(error = %e, node = caller.node, "forwarding the pod feed failed");
+            ApiError::Unavailable
+        })?;
+        let (parts, body) = answer.into_parts();
+        let mut response = Response::new(body.map_err(BoxError::from).boxed_unsync());
+        *response.status_mut() = parts.status;
+        if let Some(kind) = parts.headers.get(CONTENT_TYPE) {
+            response.headers_mut().insert(CONTENT_TYPE, kind.clone());
+        }
+        Ok(response)
     }
 
     async fn svid(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {

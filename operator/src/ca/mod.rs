@@ -41,14 +41,15 @@
 //!
 //! # Kubernetes permissions the CA needs
 //!
-//! `create tokenreviews`; `list pods` and `get namespaces` (all namespaces); in the install
+//! `create tokenreviews`; `list, watch pods` and `get namespaces` (all namespaces); in the install
 //! namespace: `get` of its own root Secret only, `create secrets` (to generate the root), and
 //! `get, create, patch configmaps`.
 //!
 //! # Limits
 //!
 //! An SVID is signed only for a ServiceAccount of a managed namespace with a meshed pod on the
-//! caller's node. Each source address gets a burst of 50 requests, then 10 a second (429 and
+//! caller's node. The pod feed answers only the caller's node's pods. Each source address gets a
+//! burst of 50 requests (SVIDs and pod feed together), then 10 a second (429 and
 //! `Retry-After` beyond), and at most 32 requests are checked with the API server at once.
 
 pub mod api;
@@ -64,6 +65,7 @@ pub mod identity;
 pub mod issue;
 pub mod limit;
 pub mod pem;
+pub mod pod_feed;
 pub mod reload;
 pub mod review;
 pub mod root;

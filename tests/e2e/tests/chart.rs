@@ -540,11 +540,20 @@ fn rbac_is_least_privilege() -> Result<()> {
             }
         }
     }
-    // The CNI fallback only reads namespaces and pods, one at a time.
+    // Neither reads pods: the proxy has its node's through the operator.
+    for account in ["aether-proxy", "aether-cni"] {
+        for rule in rules_of(&objects, account) {
+            assert!(
+                !strings(&rule["resources"]).contains(&"pods"),
+                "{account} reads pods: {rule}"
+            );
+        }
+    }
+    // The CNI fallback only reads namespaces, one at a time.
     let cni = rules_of(&objects, "aether-cni");
     assert_eq!(
         cni,
-        [&json!({"apiGroups": [""], "resources": ["namespaces", "pods"], "verbs": ["get"]})]
+        [&json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]})]
     );
     Ok(())
 }

@@ -6,6 +6,9 @@
 //! and then obtain their SVIDs); it may still do what that proxy does (report its own
 //! NodeConfig's status). A token of the same ServiceAccount bound to no pod writes nothing.
 //! RBAC allows every one of these writes; the chart's admission policy is what refuses them.
+//! Nor may it read pods, its own node's included (it has those through the operator, which
+//! checks the node its token is bound to: `operator/tests/ca.rs`), nor may the CNI plugin's
+//! fallback identity, whose tokens it mints.
 //!
 //! An oversized request head from a meshed pod: one limit end to end, so a 70 KB header is
 //! answered 431 by the client's own proxy (never a 503 from further on), a 40 KB one reaches
@@ -44,8 +47,9 @@ use aether_e2e::stream::apply_split;
 use aether_e2e::{Cluster, echo};
 use aether_test_support::cases::RouteRef;
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "aether-system";
@@ -59,6 +63,7 @@ enum Write<'a> {
 
 /// The API as the holder of one token, and nothing else.
 struct Holder {
+    client: kube::Client,
     nodes: Api<Node>,
     configs: Api<NodeConfig>,
 }
@@ -68,7 +73,8 @@ impl Holder {
         let client = cluster.client_with_token(token).await?;
         Ok(Holder {
             nodes: Api::all(client.clone()),
-            configs: Api::all(client),
+            configs: Api::all(client.clone()),
+            client,
         })
     }
 
@@ -117,7 +123,7 @@ impl Holder {
 async fn attacks_are_contained() -> Result<()> {
     let cluster = Cluster::get().await?;
     install(&cluster, &[]).await?;
-    a_stolen_proxy_token_writes_nothing_beyond_its_node(&cluster).await?;
+    a_stolen_proxy_token_acts_for_its_node_only(&cluster).await?;
     oversized_heads_get_431(&cluster).await?;
     a_forged_identity_header_is_replaced(&cluster).await?;
     a_pods_own_ports_stay_its_own(&cluster).await?;
@@ -129,7 +135,7 @@ async fn attacks_are_contained() -> Result<()> {
     Ok(())
 }
 
-async fn a_stolen_proxy_token_writes_nothing_beyond_its_node(cluster: &Cluster) -> Result<()> {
+async fn a_stolen_proxy_token_acts_for_its_node_only(cluster: &Cluster) -> Result<()> {
     let proxy_pod = cluster.kubectl(&[
         "-n",
         NAMESPACE,
@@ -211,7 +217,73 @@ async fn a_stolen_proxy_token_writes_nothing_beyond_its_node(cluster: &Cluster) 
     if !labelled.trim().is_empty() {
         bail!("a node was labelled by the attacker: {labelled}");
     }
-    Ok(())
+    reads_no_pod(cluster, &stolen.client).await
+}
+
+/// The holder of a stolen proxy token lists and gets no pod: not of another node, not of its
+/// own, and not through the CNI fallback's identity either.
+async fn reads_no_pod(cluster: &Cluster, stolen: &kube::Client) -> Result<()> {
+    let victim = cluster.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        PROXY_PODS,
+        "--field-selector",
+        "spec.nodeName=node-2",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    let forbidden = |what: &str, result: Result<(), kube::Error>| match result {
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            eprintln!("refused: {what}");
+            Ok(())
+        }
+        Ok(()) => bail!("a stolen proxy token could {what}"),
+        Err(e) => bail!("{what}: failed, but not as forbidden: {e}"),
+    };
+    let all: Api<Pod> = Api::all(stolen.clone());
+    forbidden(
+        "list every pod",
+        all.list_metadata(&ListParams::default()).await.map(drop),
+    )?;
+    forbidden(
+        "list node-1's pods",
+        all.list_metadata(&ListParams::default().fields("spec.nodeName=node-1"))
+            .await
+            .map(drop),
+    )?;
+    let install: Api<Pod> = Api::namespaced(stolen.clone(), NAMESPACE);
+    forbidden(
+        "get the proxy pod on node-2",
+        install.get_metadata(&victim).await.map(drop),
+    )?;
+    let minted = Api::<ServiceAccount>::namespaced(stolen.clone(), NAMESPACE)
+        .create_token_request(
+            "aether-cni",
+            &PostParams::default(),
+            &TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    expiration_seconds: Some(600),
+                    ..TokenRequestSpec::default()
+                }),
+                ..TokenRequest::default()
+            },
+        )
+        .await
+        .context("the proxy's token mints the CNI fallback's")?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest answered without a token")?;
+    let cni = cluster.client_with_token(&minted).await?;
+    forbidden(
+        "get the proxy pod on node-2 as the CNI fallback",
+        Api::<Pod>::namespaced(cni, NAMESPACE)
+            .get_metadata(&victim)
+            .await
+            .map(drop),
+    )
 }
 
 async fn oversized_heads_get_431(cluster: &Cluster) -> Result<()> {
