@@ -1,0 +1,241 @@
+//! Control-plane faults under a steady stream of requests (a meshed pod to a route target,
+//! through capture, both proxies and mTLS), each followed by a route change that must reach
+//! every node:
+//! - the operator's leader killed with SIGKILL (no lease release, no graceful stop): a leader
+//!   is back (the restarted container, or the standby once the lease expires), and the change
+//!   made while there was none is in every NodeConfig that routes the Service within 5 s of
+//!   its first renewal;
+//! - etcd killed and started again: the API server fails every request meanwhile; the change
+//!   made after it is back converges.
+//!
+//! No request of the stream may fail: the data plane needs neither the operator nor the API
+//! server from one moment to the next.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use aether_e2e::Cluster;
+use aether_e2e::mesh::{
+    Accounts, MESH_NS, install, mesh_workloads, uninstall, unmesh_workloads, wait_nodes_applied,
+};
+use aether_e2e::stream::{Stream, apply_split};
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+const STREAM: Duration = Duration::from_secs(120);
+const QPS: u64 = 10;
+/// What the issue asks of a new leader: config converged this long after it took the lease.
+const CONVERGED_AFTER_LEADER: Duration = Duration::from_secs(5);
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mesh_rides_out_a_leader_kill_and_an_etcd_restart() -> Result<()> {
+    let cluster = Cluster::get().await?;
+    install(&cluster, &[]).await?;
+    mesh_workloads(&cluster, Accounts::PerVersion).await?;
+    let split = apply_split(&cluster).await?;
+    let stream = Stream::start(&cluster, STREAM, QPS).await?;
+
+    a_killed_leader_is_replaced(&cluster).await?;
+    an_etcd_restart_is_ridden_out(&cluster).await?;
+
+    let served = stream.expect_all_served(&cluster).await?;
+    eprintln!("{served} requests, none failed, through a leader kill and an etcd restart");
+    for name in ["fault-leader", "fault-etcd"] {
+        cluster.kubectl(&["-n", MESH_NS, "delete", "httproute", name, "--wait"])?;
+    }
+    cluster.kubectl(&["delete", "--wait", "-f", &split.to_string_lossy()])?;
+    uninstall(&cluster).await?;
+    unmesh_workloads(&cluster)?;
+    Ok(())
+}
+
+async fn a_killed_leader_is_replaced(cluster: &Cluster) -> Result<()> {
+    let leader = lease(cluster)?.0;
+    let pid = process_of(&leader, "aether-operator")?;
+    let killed = SystemTime::now();
+    signal(pid, "KILL")?;
+    eprintln!("killed the operator's leader {leader} (pid {pid})");
+    // Made while no replica leads: the next leader's first pass must pick it up.
+    let path = add_route(cluster, "fault-leader")?;
+    let (holder, renewed) = eventually("a leader renewing the lease", || {
+        let (holder, renewed) = lease(cluster)?;
+        Ok((renewed > killed).then_some((holder, renewed)))
+    })
+    .await?;
+    eventually("the route in every NodeConfig", || {
+        Ok(in_every_node_config(cluster, &path)?.then_some(()))
+    })
+    .await?;
+    let converged = SystemTime::now()
+        .duration_since(renewed)
+        .unwrap_or_default();
+    let down = renewed.duration_since(killed).unwrap_or_default();
+    eprintln!(
+        "{holder} leads {down:?} after the kill; the route made meanwhile was in every NodeConfig {converged:?} after that"
+    );
+    if converged > CONVERGED_AFTER_LEADER {
+        bail!("config converged {converged:?} after the new leader took over");
+    }
+    wait_nodes_applied(cluster).await
+}
+
+async fn an_etcd_restart_is_ridden_out(cluster: &Cluster) -> Result<()> {
+    let pid_file = cluster.paths.state.join("run/etcd.pid");
+    let pid = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {}", pid_file.display()))?;
+    let pid: u32 = pid.trim().parse().context("etcd's pid file")?;
+    signal(pid, "KILL")?;
+    let stopped = Instant::now();
+    eprintln!("killed etcd (pid {pid})");
+    // Long enough for the API server's requests to fail and its watches to break.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // `up` starts whatever is not running (controllers may exit once they cannot renew their
+    // leases); retried while one of them is still exiting.
+    let control_plane = cluster.paths.repo.join("tests/cluster/control-plane.sh");
+    let mut started = false;
+    for _ in 0..5 {
+        started = std::process::Command::new(&control_plane)
+            .arg("up")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?
+            .success();
+        if started {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if !started {
+        bail!("cannot start etcd again");
+    }
+    eprintln!("etcd is back after {:?}", stopped.elapsed());
+    let path = add_route(cluster, "fault-etcd")?;
+    let made = Instant::now();
+    eventually(
+        "the route in every NodeConfig after the etcd restart",
+        || Ok(in_every_node_config(cluster, &path)?.then_some(())),
+    )
+    .await?;
+    eprintln!(
+        "a route made after the etcd restart was in every NodeConfig {:?} later",
+        made.elapsed()
+    );
+    wait_nodes_applied(cluster).await
+}
+
+/// The operator's Lease: its holder, and when it was last renewed.
+fn lease(cluster: &Cluster) -> Result<(String, SystemTime)> {
+    let text = cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "lease",
+        "aether-operator",
+        "-o",
+        "json",
+    ])?;
+    let lease: Value = serde_json::from_str(&text)?;
+    let holder = lease["spec"]["holderIdentity"]
+        .as_str()
+        .context("the lease has no holder")?
+        .to_owned();
+    let renewed: k8s_openapi::jiff::Timestamp = lease["spec"]["renewTime"]
+        .as_str()
+        .context("the lease was never renewed")?
+        .parse()?;
+    let renewed = SystemTime::UNIX_EPOCH
+        + Duration::from_nanos(u64::try_from(renewed.as_nanosecond()).unwrap_or_default());
+    Ok((holder, renewed))
+}
+
+/// The host pid of the process named `comm` in pod `pod` (its `POD_NAME`): the nodes' pods run
+/// on this machine.
+fn process_of(pod: &str, comm: &str) -> Result<u32> {
+    let wanted = format!("POD_NAME={pod}");
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        let named = std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == comm);
+        let in_pod = std::fs::read(dir.join("environ"))
+            .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_bytes()));
+        if named && in_pod {
+            return Ok(pid);
+        }
+    }
+    bail!("no process {comm} of pod {pod} on this machine")
+}
+
+fn signal(pid: u32, signal: &str) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("cannot send SIG{signal} to {pid}");
+    }
+    Ok(())
+}
+
+/// Adds a route on the mesh namespace's `echo` for one more exact path; returns the path.
+fn add_route(cluster: &Cluster, name: &str) -> Result<String> {
+    let path = format!("/{name}");
+    cluster.apply_text(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: {name}
+  namespace: {MESH_NS}
+spec:
+  parentRefs:
+  - group: \"\"
+    kind: Service
+    name: echo
+  rules:
+  - matches:
+    - path:
+        type: Exact
+        value: {path}
+    backendRefs:
+    - name: echo-v1
+      port: 80
+"
+    ))?;
+    Ok(path)
+}
+
+/// Whether every NodeConfig that routes the mesh namespace's `echo` (the split's `/v2`; a node
+/// gets only the tables its pods may dial) holds `path` too.
+fn in_every_node_config(cluster: &Cluster, path: &str) -> Result<bool> {
+    let text = cluster.kubectl(&["get", "nodeconfigs", "-o", "json"])?;
+    let list: Value = serde_json::from_str(&text)?;
+    let specs: Vec<String> = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|config| config["spec"].to_string())
+        .filter(|spec| spec.contains("\"/v2\""))
+        .collect();
+    let quoted = format!("\"{path}\"");
+    Ok(!specs.is_empty() && specs.iter().all(|spec| spec.contains(&quoted)))
+}
+
+/// Polls `check` (errors count as not yet: the API server may be away) until it gives a value.
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let last = match check() {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        if Instant::now() > deadline {
+            bail!("{what}: not within {TIMEOUT:?} (last error: {last:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
