@@ -120,6 +120,28 @@ impl Stream {
     /// Waits for the end of the stream and returns every request's answer, in order; fails
     /// unless every request was answered 200 by a pod of `backend`.
     pub async fn finish(self, cluster: &Cluster, backend: &str) -> Result<Vec<echo::Exchange>> {
+        let count = self.count;
+        let (exchanges, succeeded, log) = self.answers(cluster).await?;
+        let failed: Vec<String> = exchanges
+            .iter()
+            .filter(|e| e.status != Some(200) || !e.body.hostname.starts_with(backend))
+            .map(|e| format!("#{}: {:?} {:?}", e.index, e.status, e.body.hostname))
+            .collect();
+        if !succeeded || exchanges.len() as u64 != count || !failed.is_empty() {
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            bail!(
+                "the stream saw failures ({} of {count} answered; client {}): {:?}; last lines: {tail:?}",
+                exchanges.len(),
+                if succeeded { "succeeded" } else { "failed" },
+                failed.iter().take(10).collect::<Vec<_>>(),
+            );
+        }
+        Ok(exchanges)
+    }
+
+    /// Waits for the end of the stream and returns what each request got, in order, whatever
+    /// it was; whether the client pod succeeded; its log.
+    pub async fn answers(self, cluster: &Cluster) -> Result<(Vec<echo::Exchange>, bool, String)> {
         let deadline = Instant::now() + self.length + Duration::from_secs(120);
         let pod = loop {
             let pod = self.pods.get(POD).await?;
@@ -134,24 +156,9 @@ impl Stream {
         let log = cluster.logs(&pod, "client")?;
         let mut exchanges = echo::parse(&log);
         exchanges.sort_by_key(|e| e.index);
-        let failed: Vec<String> = exchanges
-            .iter()
-            .filter(|e| e.status != Some(200) || !e.body.hostname.starts_with(backend))
-            .map(|e| format!("#{}: {:?} {:?}", e.index, e.status, e.body.hostname))
-            .collect();
         let succeeded = phase(&pod) == "Succeeded";
         self.pods.delete(POD, &DeleteParams::default()).await?;
-        if !succeeded || exchanges.len() as u64 != self.count || !failed.is_empty() {
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            bail!(
-                "the stream saw failures ({} of {} answered; client {}): {:?}; last lines: {tail:?}",
-                exchanges.len(),
-                self.count,
-                if succeeded { "succeeded" } else { "failed" },
-                failed.iter().take(10).collect::<Vec<_>>(),
-            );
-        }
-        Ok(exchanges)
+        Ok((exchanges, succeeded, log))
     }
 
     /// Waits for the end of the stream and checks that every request was answered 200 by

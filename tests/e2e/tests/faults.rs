@@ -10,12 +10,19 @@
 //!
 //! No request of the stream may fail: the data plane needs neither the operator nor the API
 //! server from one moment to the next.
+//!
+//! Then a node proxy killed with SIGKILL under a stream of its node's pod: the kubelet restarts
+//! it, and capture is back (requests answered again) within 2 s. What fails meanwhile is
+//! counted: the in-pod listening sockets die with the process, so the requests of that window
+//! fail, not only those in flight. It is the pod's first crash: the kubelet restarts a
+//! container that crashed in the last 10 minutes only after a back-off of 10 s or more.
 
 use std::time::{Duration, Instant, SystemTime};
 
 use aether_e2e::Cluster;
 use aether_e2e::mesh::{
-    Accounts, MESH_NS, install, mesh_workloads, uninstall, unmesh_workloads, wait_nodes_applied,
+    Accounts, MESH_NS, PROXY_PODS, install, mesh_workloads, uninstall, unmesh_workloads,
+    wait_nodes_applied,
 };
 use aether_e2e::stream::{Stream, apply_split};
 use anyhow::{Context, Result, bail};
@@ -26,6 +33,11 @@ const QPS: u64 = 10;
 /// What the issue asks of a new leader: config converged this long after it took the lease.
 const CONVERGED_AFTER_LEADER: Duration = Duration::from_secs(5);
 const TIMEOUT: Duration = Duration::from_secs(90);
+/// The proxy-kill stream: dense enough to see the gap to a tenth of a second.
+const KILL_STREAM: Duration = Duration::from_secs(30);
+const KILL_QPS: u64 = 20;
+/// What the issue asks: capture back this soon after a proxy's SIGKILL.
+const PROXY_BACK_WITHIN: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mesh_rides_out_a_leader_kill_and_an_etcd_restart() -> Result<()> {
@@ -40,6 +52,7 @@ async fn the_mesh_rides_out_a_leader_kill_and_an_etcd_restart() -> Result<()> {
 
     let served = stream.expect_all_served(&cluster).await?;
     eprintln!("{served} requests, none failed, through a leader kill and an etcd restart");
+    a_killed_proxy_is_back_within_seconds(&cluster).await?;
     for name in ["fault-leader", "fault-etcd"] {
         cluster.kubectl(&["-n", MESH_NS, "delete", "httproute", name, "--wait"])?;
     }
@@ -121,6 +134,77 @@ async fn an_etcd_restart_is_ridden_out(cluster: &Cluster) -> Result<()> {
         made.elapsed()
     );
     wait_nodes_applied(cluster).await
+}
+
+async fn a_killed_proxy_is_back_within_seconds(cluster: &Cluster) -> Result<()> {
+    let node = "node-1";
+    let proxy_of = |field: &str| {
+        cluster.kubectl(&[
+            "-n",
+            "aether-system",
+            "get",
+            "pods",
+            "-l",
+            PROXY_PODS,
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            &format!("jsonpath={{.items[0].{field}}}"),
+        ])
+    };
+    // The kubelet restarts a container that crashed before (in the last 10 minutes) only after
+    // a back-off of 10 s or more: the first crash is the one measured, on a fresh pod.
+    if proxy_of("status.containerStatuses[0].restartCount")?.trim() != "0" {
+        let name = proxy_of("metadata.name")?;
+        cluster.kubectl(&[
+            "-n",
+            "aether-system",
+            "delete",
+            "pod",
+            name.trim(),
+            "--wait",
+        ])?;
+        cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
+    }
+    let stream = Stream::start_in(
+        cluster,
+        MESH_NS,
+        "http://echo/v2",
+        Some(node),
+        KILL_STREAM,
+        KILL_QPS,
+    )
+    .await?;
+    tokio::time::sleep(KILL_STREAM / 4).await;
+    let proxy = proxy_of("metadata.name")?;
+    let pid = process_of(proxy.trim(), "aether-proxy")?;
+    signal(pid, "KILL")?;
+    eprintln!("killed {node}'s proxy {proxy} (pid {pid})");
+    let (_, succeeded, log) = stream.answers(cluster).await?;
+    let sent = KILL_STREAM.as_secs() * KILL_QPS;
+    // With any error, the client prints no answer, only how many requests had one.
+    let failed = if succeeded {
+        0
+    } else {
+        failed_requests(&log).with_context(|| {
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            format!("the stream client failed without counting its errors: {tail:?}")
+        })?
+    };
+    // The requests are evenly spaced: the failed ones span the time capture was gone.
+    let gap = Duration::from_secs_f64(failed as f64 / KILL_QPS as f64);
+    eprintln!("{failed} of {sent} requests failed across {node}'s proxy kill, about {gap:?}");
+    if gap > PROXY_BACK_WITHIN {
+        bail!("capture was back only about {gap:?} after {node}'s proxy was killed");
+    }
+    cluster.rollout_status("aether-system", "daemonset/aether-proxy")
+}
+
+/// `N` of the stream client's closing `Error N/M requests had errors`.
+fn failed_requests(log: &str) -> Option<u64> {
+    let (_, after) = log.rsplit_once("Error ")?;
+    let (count, _) = after.split_once('/')?;
+    count.trim().parse().ok()
 }
 
 /// The operator's Lease: its holder, and when it was last renewed.
