@@ -12,6 +12,7 @@ pub mod echo;
 pub mod mesh;
 pub mod node;
 pub mod stream;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -10,12 +10,17 @@
 //! - A WebSocket on an HTTP port, from a pod on one node to a pod on the other: the handshake
 //!   and a message both ways go through, over mTLS to a meshed pod (which sees the caller's
 //!   identity on the handshake) and in plaintext to a pod that opted out.
+//! - On the wire: while raw TCP (both ways: the client's line and the server's banner) and an
+//!   HTTP request cross from node-1 to node-2 through the mesh, a capture of node-1's link sees
+//!   TLS records and none of their bytes; the same request to the opted-out pod is seen in the
+//!   clear there, so the capture would see plaintext if there were any.
 
 use std::time::{Duration, Instant};
 
 use aether_e2e::Cluster;
 use aether_e2e::mesh::{ECHO_IMAGE, client, install, uninstall, wait_nodes_applied};
 use aether_e2e::node::NODE_SHELL_IMAGE;
+use aether_e2e::wire::Capture;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -69,6 +74,7 @@ async fn ports_are_carried_as_what_they_are() -> Result<()> {
     a_route_on_the_api_servers_https_port_changes_nothing(&cluster, &echo).await?;
     a_websocket_goes_through(&cluster, &echo, "ws", true).await?;
     a_websocket_goes_through(&cluster, &echo, "ws-plain", false).await?;
+    only_tls_crosses_the_node_link(&cluster, &shell, &echo).await?;
 
     cluster.delete_namespaces(&[NS])?;
     uninstall(&cluster).await?;
@@ -180,5 +186,62 @@ async fn a_route_on_the_api_servers_https_port_changes_nothing(
             "with a tenant's route on default/kubernetes, the API server did not answer: {answered:?}"
         ),
     }
+    Ok(())
+}
+
+async fn only_tls_crosses_the_node_link(cluster: &Cluster, shell: &Pod, echo: &Pod) -> Result<()> {
+    let marker = format!("aether-wire-{}", std::process::id());
+    let (tcp, http, plain) = (
+        format!("{marker}-tcp"),
+        format!("{marker}-http"),
+        format!("{marker}-plain"),
+    );
+    let capture = Capture::start("vh-node-1")?;
+    let banner = cluster.exec(
+        shell,
+        "shell",
+        &["sh", "-c", &format!("echo {tcp} | nc -w 3 mail 25")],
+    );
+    let meshed = client(cluster, echo, &[format!("http://ws/{http}")]).await;
+    let clear = client(cluster, echo, &[format!("http://ws-plain/{plain}")]).await;
+    let captured = capture.stop()?;
+
+    let banner = banner?;
+    if !String::from_utf8_lossy(&banner.stdout).contains(BANNER) {
+        bail!("raw TCP through the mesh got no banner: {banner:?}");
+    }
+    for (what, answered) in [("meshed", &meshed), ("opted-out", &clear)] {
+        let status = answered
+            .as_ref()
+            .ok()
+            .and_then(|a| a.first())
+            .and_then(|e| e.status);
+        if status != Some(200) {
+            bail!("the request to the {what} pod got {answered:?}");
+        }
+    }
+    if !captured.contains(plain.as_bytes()) {
+        bail!(
+            "the capture of node-1's link ({} frames) missed the plaintext request to the opted-out pod",
+            captured.frames
+        );
+    }
+    for (what, bytes) in [
+        ("the raw TCP client's line", tcp.as_bytes()),
+        ("the server's banner", BANNER.as_bytes()),
+        ("the meshed HTTP request", http.as_bytes()),
+    ] {
+        if captured.contains(bytes) {
+            bail!("{what} crossed node-1's link in plaintext");
+        }
+    }
+    if captured.tls_records() == 0 {
+        bail!("no TLS record crossed node-1's link");
+    }
+    eprintln!(
+        "node-1's link: {} frames, {} TLS records, no byte of the meshed traffic in the clear; the opted-out request in the clear",
+        captured.frames,
+        captured.tls_records()
+    );
     Ok(())
 }
