@@ -340,6 +340,27 @@ impl Cluster {
         self.exec(&shell, "shell", &command)
     }
 
+    /// Starts whatever of the control plane is not running (`control-plane.sh up`), after a
+    /// test stopped part of it. The controller manager and the scheduler exit when they cannot
+    /// renew their leases (a supervisor restarts them in a real cluster); retried, as one may
+    /// still be exiting during the first attempt.
+    pub async fn start_control_plane(&self) -> Result<()> {
+        let script = self.paths.repo.join("tests/cluster/control-plane.sh");
+        for _ in 0..5 {
+            let started = Command::new(&script)
+                .arg("up")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()?
+                .success();
+            if started {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        bail!("cannot start the control plane again")
+    }
+
     /// A node's address (its `InternalIP`).
     pub fn node_ip(&self, node: &str) -> Result<String> {
         let object: serde_json::Value =

@@ -270,3 +270,23 @@ pub fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
     cluster.delete_namespaces(&[MESH_NS, CONSUMER_NS])?;
     Ok(())
 }
+
+/// A field (a JSONPath below the pod, e.g. `metadata.name`) of the proxy pod on `node`.
+pub fn proxy_pod_field(cluster: &Cluster, node: &str, field: &str) -> Result<String> {
+    let value = cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "pods",
+        "-l",
+        PROXY_PODS,
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+        "-o",
+        &format!("jsonpath={{.items[0].{field}}}"),
+    ])?;
+    if value.trim().is_empty() {
+        bail!("no proxy pod on {node} (or no {field})");
+    }
+    Ok(value.trim().to_owned())
+}

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aether_e2e::Cluster;
 use aether_e2e::mesh::{
-    Accounts, MESH_NS, PROXY_PODS, install, mesh_workloads, uninstall, unmesh_workloads,
+    Accounts, MESH_NS, install, mesh_workloads, proxy_pod_field, uninstall, unmesh_workloads,
     wait_nodes_applied,
 };
 use aether_e2e::stream::{Stream, apply_split};
@@ -102,25 +102,7 @@ async fn an_etcd_restart_is_ridden_out(cluster: &Cluster) -> Result<()> {
     eprintln!("killed etcd (pid {pid})");
     // Long enough for the API server's requests to fail and its watches to break.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    // `up` starts whatever is not running (controllers may exit once they cannot renew their
-    // leases); retried while one of them is still exiting.
-    let control_plane = cluster.paths.repo.join("tests/cluster/control-plane.sh");
-    let mut started = false;
-    for _ in 0..5 {
-        started = std::process::Command::new(&control_plane)
-            .arg("up")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()?
-            .success();
-        if started {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    if !started {
-        bail!("cannot start etcd again");
-    }
+    cluster.start_control_plane().await?;
     eprintln!("etcd is back after {:?}", stopped.elapsed());
     let path = add_route(cluster, "fault-etcd")?;
     let made = Instant::now();
@@ -138,20 +120,7 @@ async fn an_etcd_restart_is_ridden_out(cluster: &Cluster) -> Result<()> {
 
 async fn a_killed_proxy_is_back_within_seconds(cluster: &Cluster) -> Result<()> {
     let node = "node-1";
-    let proxy_of = |field: &str| {
-        cluster.kubectl(&[
-            "-n",
-            "aether-system",
-            "get",
-            "pods",
-            "-l",
-            PROXY_PODS,
-            "--field-selector",
-            &format!("spec.nodeName={node}"),
-            "-o",
-            &format!("jsonpath={{.items[0].{field}}}"),
-        ])
-    };
+    let proxy_of = |field: &str| proxy_pod_field(cluster, node, field);
     // The kubelet restarts a container that crashed before (in the last 10 minutes) only after
     // a back-off of 10 s or more: the first crash is the one measured, on a fresh pod.
     if proxy_of("status.containerStatuses[0].restartCount")?.trim() != "0" {
@@ -177,7 +146,7 @@ async fn a_killed_proxy_is_back_within_seconds(cluster: &Cluster) -> Result<()> 
     .await?;
     tokio::time::sleep(KILL_STREAM / 4).await;
     let proxy = proxy_of("metadata.name")?;
-    let pid = process_of(proxy.trim(), "aether-proxy")?;
+    let pid = process_of(&proxy, "aether-proxy")?;
     signal(pid, "KILL")?;
     eprintln!("killed {node}'s proxy {proxy} (pid {pid})");
     let (_, succeeded, log) = stream.answers(cluster).await?;

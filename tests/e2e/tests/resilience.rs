@@ -38,26 +38,7 @@ async fn traffic_survives_an_api_server_outage_and_svid_renewal() -> Result<()> 
     let outage = Instant::now();
     eprintln!("stopped the API server for {OUTAGE:?}");
     tokio::time::sleep(OUTAGE).await;
-    // The controller manager and the scheduler exit when they cannot renew their leases (a
-    // supervisor restarts them in a real cluster); `up` starts whatever is not running. It is
-    // retried, as a controller may still be exiting during the first attempt.
-    let control_plane = cluster.paths.repo.join("tests/cluster/control-plane.sh");
-    let mut restarted = false;
-    for _ in 0..5 {
-        restarted = std::process::Command::new(&control_plane)
-            .arg("up")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()?
-            .success();
-        if restarted {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    if !restarted {
-        bail!("cannot start the control plane again");
-    }
+    cluster.start_control_plane().await?;
     eprintln!("the API server is back after {:?}", outage.elapsed());
 
     let served = stream.expect_all_served(&cluster).await?;

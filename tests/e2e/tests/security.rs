@@ -39,8 +39,8 @@ use aether_crds::NodeConfig;
 use std::time::Duration;
 
 use aether_e2e::mesh::{
-    Accounts, ECHO_IMAGE, MESH_NS, PROXY_PODS, TRUST_DOMAIN, client_pod, install, mesh_workloads,
-    uninstall, unmesh_workloads, wait_accepted, wait_nodes_applied,
+    Accounts, ECHO_IMAGE, MESH_NS, TRUST_DOMAIN, client_pod, install, mesh_workloads,
+    proxy_pod_field, uninstall, unmesh_workloads, wait_accepted, wait_nodes_applied,
 };
 use aether_e2e::node::NODE_SHELL_IMAGE;
 use aether_e2e::stream::apply_split;
@@ -136,21 +136,7 @@ async fn attacks_are_contained() -> Result<()> {
 }
 
 async fn a_stolen_proxy_token_acts_for_its_node_only(cluster: &Cluster) -> Result<()> {
-    let proxy_pod = cluster.kubectl(&[
-        "-n",
-        NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        PROXY_PODS,
-        "--field-selector",
-        "spec.nodeName=node-1",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
-    if proxy_pod.is_empty() {
-        bail!("no proxy pod on node-1");
-    }
+    let proxy_pod = proxy_pod_field(cluster, "node-1", "metadata.name")?;
     let token = |bound: &[&str]| -> Result<String> {
         let mut args = vec![
             "-n",
@@ -223,18 +209,7 @@ async fn a_stolen_proxy_token_acts_for_its_node_only(cluster: &Cluster) -> Resul
 /// The holder of a stolen proxy token lists and gets no pod: not of another node, not of its
 /// own, and not through the CNI fallback's identity either.
 async fn reads_no_pod(cluster: &Cluster, stolen: &kube::Client) -> Result<()> {
-    let victim = cluster.kubectl(&[
-        "-n",
-        NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        PROXY_PODS,
-        "--field-selector",
-        "spec.nodeName=node-2",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
+    let victim = proxy_pod_field(cluster, "node-2", "metadata.name")?;
     let forbidden = |what: &str, result: Result<(), kube::Error>| match result {
         Err(kube::Error::Api(e)) if e.code == 403 => {
             eprintln!("refused: {what}");
