@@ -52,6 +52,11 @@ pub enum FeedError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot build the pod feed's client: {0}")]
     Client(#[from] kube::Error),
 }
@@ -125,16 +130,17 @@ pub async fn feed(
     let mut written = None;
     let mut retry = RETRY_MIN;
     loop {
-        if let Err(e) = write_bundle(&bundle_file, bundle(), &mut written) {
-            warn!(error = %e, "the pod feed cannot start; retrying");
-            tokio::time::sleep(retry).await;
-            retry = (retry * 2).min(RETRY_MAX);
-            continue;
-        }
-        let (client, target) = match feed_client(&config, &bundle_file, &resolve) {
+        let built = write_bundle(&bundle_file, bundle(), &mut written)
+            .and_then(|()| feed_client(&config, &bundle_file, &resolve));
+        let (client, target) = match built {
             Ok(built) => built,
             Err(e) => {
-                warn!(error = %e, "the pod feed cannot start; retrying");
+                // The bundle and the operator's Service come from watches that fill at start.
+                if matches!(e, FeedError::NoTrust | FeedError::Unresolved(_)) {
+                    info!(reason = %e, "the pod feed waits");
+                } else {
+                    warn!(error = %e, "the pod feed cannot start; retrying");
+                }
                 tokio::time::sleep(retry).await;
                 retry = (retry * 2).min(RETRY_MAX);
                 continue;
@@ -240,7 +246,7 @@ fn feed_client(
             address: config.address.clone(),
             reason: e.to_string(),
         })?;
-    let bundle = std::fs::read(bundle_file).map_err(|source| FeedError::Write {
+    let bundle = std::fs::read(bundle_file).map_err(|source| FeedError::Read {
         path: bundle_file.to_owned(),
         source,
     })?;
@@ -260,9 +266,17 @@ fn feed_client(
     Ok((kube::Client::try_from(kube_config)?, target))
 }
 
-/// Saves the list for a restart; a failure costs only that restart's knowledge.
+/// Saves the list for a restart; a failure costs only that restart's knowledge. Without the
+/// managed fields, which nothing here reads and which are most of a pod's size.
 fn save(path: &Path, pods: &[Arc<Pod>]) {
-    let list: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+    let list: Vec<Pod> = pods
+        .iter()
+        .map(|pod| {
+            let mut pod = Pod::clone(pod);
+            pod.metadata.managed_fields = None;
+            pod
+        })
+        .collect();
     let written = serde_json::to_vec(&list)
         .map_err(std::io::Error::other)
         .and_then(|json| crate::state_file::write_atomically(path, &json));
