@@ -15,6 +15,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tracing::debug;
 
+use super::clients::CONNECT_TIMEOUT;
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
 
@@ -25,7 +27,8 @@ pub const FORWARD_HEADER: HeaderName = HeaderName::from_static("x-aether-forward
 /// With [`Carried::Upgrade`]: the protocol the client asked to switch to (its `Upgrade`
 /// header, which HTTP/2 cannot carry), and in the answer the one the app switched to.
 pub const UPGRADE_HEADER: HeaderName = HeaderName::from_static("x-aether-upgrade");
-/// With [`Carried::Upgrade`]: the request's `path?query` (an HTTP/2 CONNECT has no path).
+/// With [`Carried::Upgrade`]: the request's `path?query` (an HTTP/2 CONNECT has no path); with
+/// [`Carried::Connect`], the authority the client's CONNECT named.
 pub const PATH_HEADER: HeaderName = HeaderName::from_static("x-aether-path");
 
 /// The largest request head aether takes from an app (HTTP/1 bytes, or an HTTP/2 header
@@ -136,6 +139,73 @@ pub fn upgrade_of(
         .then(|| protocol.clone())
 }
 
+/// How an HTTP/1.1 client asks to take its connection past HTTP. Once the server agrees, the
+/// mesh carries the bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// `Upgrade: <protocol>` on a `GET` (WebSocket, see [`upgrade_of`]), agreed to with `101
+    /// Switching Protocols`.
+    Upgrade(HeaderValue),
+    /// `CONNECT <authority>`, a forward proxy's tunnel, agreed to with any 2xx.
+    Connect(Authority),
+}
+
+impl Asked {
+    /// What the client of an HTTP/1.1 request asks for, if anything beyond HTTP.
+    pub fn of(
+        method: &::http::Method,
+        version: Version,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Option<Asked> {
+        if *method == ::http::Method::CONNECT && version == Version::HTTP_11 {
+            return uri.authority().cloned().map(Asked::Connect);
+        }
+        upgrade_of(method, version, headers).map(Asked::Upgrade)
+    }
+
+    /// Whether the server's answer agrees.
+    pub fn agreed(&self, status: StatusCode) -> bool {
+        match self {
+            Asked::Upgrade(_) => status == StatusCode::SWITCHING_PROTOCOLS,
+            Asked::Connect(_) => status.is_success(),
+        }
+    }
+
+    /// How a mesh tunnel carries it.
+    pub fn carried(&self) -> Carried {
+        match self {
+            Asked::Upgrade(_) => Carried::Upgrade,
+            Asked::Connect(_) => Carried::Connect,
+        }
+    }
+}
+
+/// Sends a CONNECT (its URI the authority it names) to `to` from the network namespace
+/// `netns`, on a connection of its own: a pooled client would name the address it dials.
+pub async fn send_connect(
+    netns: &std::path::Path,
+    to: std::net::SocketAddr,
+    request: ::http::Request<Body>,
+) -> Result<Response<Incoming>, String> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, crate::netns::connect_from(netns, to))
+        .await
+        .map_err(|_| format!("connecting to {to} timed out"))?
+        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| aether_cni::error_chain(&e))?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            debug!(%error, "a CONNECT's connection ended with an error");
+        }
+    });
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| aether_cni::error_chain(&e))
+}
+
 /// Marks `headers` as those of a protocol switch to `protocol`: `Connection: upgrade` and
 /// `Upgrade`, which [`strip_hop_by_hop`] removed.
 pub fn set_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
@@ -208,6 +278,9 @@ pub enum Carried {
     /// A CONNECT tunnel of an HTTP/1.1 `GET` asking to switch protocols (WebSocket): the
     /// inbound side sends the app the request, and once it switched, carries the bytes.
     Upgrade,
+    /// A CONNECT tunnel of the client's own HTTP/1.1 CONNECT (the app is a forward proxy): the
+    /// inbound side sends the app the CONNECT, and once it agreed, carries the bytes.
+    Connect,
 }
 
 impl Carried {
@@ -227,6 +300,7 @@ pub fn forward_value(port: u16, carried: Carried) -> HeaderValue {
         Carried::Http2 => "h2",
         Carried::Tcp => "tcp",
         Carried::Upgrade => "upgrade",
+        Carried::Connect => "connect",
     };
     HeaderValue::from_str(&format!("{port} {proto}")).expect("digits and letters")
 }
@@ -240,6 +314,7 @@ pub fn parse_forward(value: &HeaderValue) -> Option<(u16, Carried)> {
         "h2" => Some((port, Carried::Http2)),
         "tcp" => Some((port, Carried::Tcp)),
         "upgrade" => Some((port, Carried::Upgrade)),
+        "connect" => Some((port, Carried::Connect)),
         _ => None,
     }
 }
@@ -299,6 +374,7 @@ mod tests {
             Carried::Http2,
             Carried::Tcp,
             Carried::Upgrade,
+            Carried::Connect,
         ] {
             let v = forward_value(8080, carried);
             assert_eq!(parse_forward(&v), Some((8080, carried)));
@@ -311,6 +387,35 @@ mod tests {
         for bad in ["", "8080", "0 h1", "70000 h1", "8080 h3", "x h1"] {
             assert_eq!(parse_forward(&HeaderValue::from_static(bad)), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_connect_asks_for_its_authority_and_is_agreed_to_with_a_success() {
+        let uri: Uri = "db.example:5432".parse().unwrap();
+        let asked = Asked::of(
+            &::http::Method::CONNECT,
+            Version::HTTP_11,
+            &uri,
+            &HeaderMap::new(),
+        );
+        let Some(connect @ Asked::Connect(_)) = asked else {
+            panic!("a CONNECT asks for a tunnel: {asked:?}")
+        };
+        assert_eq!(connect, Asked::Connect("db.example:5432".parse().unwrap()));
+        assert!(connect.agreed(StatusCode::OK) && !connect.agreed(StatusCode::FORBIDDEN));
+        assert_eq!(connect.carried(), Carried::Connect);
+        assert_eq!(
+            Asked::of(
+                &::http::Method::CONNECT,
+                Version::HTTP_2,
+                &uri,
+                &HeaderMap::new()
+            ),
+            None,
+            "an HTTP/2 CONNECT is a stream of its own, not a switch of the connection"
+        );
+        let upgrade = Asked::Upgrade(HeaderValue::from_static("websocket"));
+        assert!(upgrade.agreed(StatusCode::SWITCHING_PROTOCOLS) && !upgrade.agreed(StatusCode::OK));
     }
 
     #[test]

@@ -213,7 +213,9 @@ impl App {
             .get(FORWARD_HEADER)
             .and_then(parse_forward);
         let (port, carried) = match forward {
-            Some((port, carried @ (Carried::Tcp | Carried::Upgrade))) => (port, carried),
+            Some((port, carried @ (Carried::Tcp | Carried::Upgrade | Carried::Connect))) => {
+                (port, carried)
+            }
             _ => {
                 return answer(
                     StatusCode::BAD_REQUEST,
@@ -224,10 +226,10 @@ impl App {
         if let Some(refused) = self.refusal(port) {
             return refused;
         }
-        if carried == Carried::Upgrade {
-            return self.switch(request, port).await;
+        if carried == Carried::Tcp {
+            return self.opaque(request, port).await;
         }
-        self.opaque(request, port).await
+        self.switch(request, port, carried).await
     }
 
     /// An opaque connection: answered 200 once the app accepted, then bytes both ways until
@@ -270,23 +272,35 @@ impl App {
 }
 
 impl App {
-    /// A protocol switch (WebSocket) the client asked for: the app gets the `GET` as the client
-    /// sent it, with the caller's verified identity; once it answered `101 Switching
-    /// Protocols`, the tunnel is answered 200 with the app's headers and joined to the app's
+    /// A switch the client asked for ([`Carried::Upgrade`]: a WebSocket's `GET`;
+    /// [`Carried::Connect`]: a CONNECT): the app gets the request as the client sent it, with
+    /// the caller's verified identity; once it agreed (`101 Switching Protocols`, or a 2xx to
+    /// the CONNECT), the tunnel is answered 200 with the app's headers and joined to the app's
     /// connection. Any other answer goes back as it is, but a success without a switch, which
     /// would read as an open tunnel.
-    async fn switch(&self, mut request: Request<Incoming>, port: u16) -> Response<Body> {
+    async fn switch(
+        &self,
+        mut request: Request<Incoming>,
+        port: u16,
+        carried: Carried,
+    ) -> Response<Body> {
         let headers = request.headers();
-        let protocol = headers.get(h::UPGRADE_HEADER).cloned();
-        let path = headers
+        let target = headers
             .get(h::PATH_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|p| p.parse::<::http::Uri>().ok());
-        let (Some(protocol), Some(path)) = (protocol, path) else {
+        let asked = match (carried, headers.get(h::UPGRADE_HEADER), &target) {
+            (Carried::Upgrade, Some(protocol), Some(_)) => {
+                Some(h::Asked::Upgrade(protocol.clone()))
+            }
+            (Carried::Connect, _, Some(uri)) => uri.authority().cloned().map(h::Asked::Connect),
+            _ => None,
+        };
+        let (Some(asked), Some(target)) = (asked, target) else {
             return answer(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "mesh protocol switch without valid {} and {} headers",
+                    "mesh switch without valid {} and {} headers",
                     h::UPGRADE_HEADER,
                     h::PATH_HEADER
                 ),
@@ -298,20 +312,33 @@ impl App {
             headers.remove(internal);
         }
         headers.insert(CLIENT_IDENTITY_HEADER, self.identity.clone());
-        h::set_upgrade(&mut headers, protocol.clone());
         let mut to_app = Request::new(h::full(hyper::body::Bytes::new()));
-        *to_app.uri_mut() = path;
-        *to_app.headers_mut() = headers;
+        *to_app.uri_mut() = target;
         let app = SocketAddr::new(self.address, port);
-        let mut response = match self.clients.plain(app, to_app, false).await {
+        let answered = match &asked {
+            h::Asked::Upgrade(protocol) => {
+                h::set_upgrade(&mut headers, protocol.clone());
+                *to_app.headers_mut() = headers;
+                self.clients
+                    .plain(app, to_app, false)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            h::Asked::Connect(_) => {
+                *to_app.method_mut() = Method::CONNECT;
+                *to_app.headers_mut() = headers;
+                h::send_connect(&self.pod.netns, app, to_app).await
+            }
+        };
+        let mut response = match answered {
             Ok(response) => response,
             Err(e) => {
-                warn!(pod = %self.pod.pod, error = %e, "the app did not answer a protocol switch");
-                return answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+                warn!(pod = %self.pod.pod, error = %e, "the app did not answer a switch");
+                return answer(StatusCode::SERVICE_UNAVAILABLE, e);
             }
         };
         let status = response.status();
-        if status != StatusCode::SWITCHING_PROTOCOLS {
+        if !asked.agreed(status) {
             if status.is_success() {
                 return answer(
                     StatusCode::BAD_GATEWAY,
@@ -327,13 +354,19 @@ impl App {
             hyper::upgrade::on(&mut response),
         );
         let (mut head, _) = response.into_parts();
-        let switched = head
-            .headers
-            .get(header::UPGRADE)
-            .cloned()
-            .unwrap_or(protocol);
+        let switched = match &asked {
+            h::Asked::Upgrade(protocol) => Some(
+                head.headers
+                    .get(header::UPGRADE)
+                    .cloned()
+                    .unwrap_or_else(|| protocol.clone()),
+            ),
+            h::Asked::Connect(_) => None,
+        };
         h::strip_hop_by_hop(&mut head.headers);
-        head.headers.insert(h::UPGRADE_HEADER, switched);
+        if let Some(switched) = switched {
+            head.headers.insert(h::UPGRADE_HEADER, switched);
+        }
         head.status = StatusCode::OK;
         head.version = Version::HTTP_2;
         Response::from_parts(head, h::full(hyper::body::Bytes::new()))

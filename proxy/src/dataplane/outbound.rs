@@ -461,10 +461,11 @@ impl Connection {
             ));
         };
         let endpoint = &endpoints[index];
-        // A protocol switch (WebSocket) asked for by the client: its connection is taken over
-        // once the backend switched.
-        let upgrade = h::upgrade_of(&parts.method, parts.version, &parts.headers)
-            .zip(parts.extensions.remove::<OnUpgrade>());
+        // The client asks to take its connection past HTTP (a WebSocket, a CONNECT): the
+        // connection is taken over once the backend agreed.
+        let switch = h::Asked::of(&parts.method, parts.version, &parts.uri, &parts.headers)
+            .zip(parts.extensions.remove::<OnUpgrade>())
+            .map(|(asked, client)| Switch { asked, client });
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(CLIENT_IDENTITY_HEADER);
         let host = authority(&parts.uri, &parts.headers)
@@ -476,16 +477,12 @@ impl Connection {
         }
         let in_flight = balancer.start(endpoint.addr);
         let exchange = async {
-            match (upgrade, endpoint.meshed) {
-                (Some((protocol, client)), true) => {
-                    let switch = Switch { protocol, client };
+            match (switch, endpoint.meshed) {
+                (Some(switch), true) => {
                     self.switch_mesh(snapshot, &service, endpoint.addr, parts, switch)
                         .await
                 }
-                (Some((protocol, client)), false) => {
-                    let switch = Switch { protocol, client };
-                    self.switch_plain(endpoint.addr, parts, switch).await
-                }
+                (Some(switch), false) => self.switch_plain(endpoint.addr, parts, switch).await,
                 (None, true) => self
                     .send_mesh(snapshot, &service, endpoint.addr, parts, body, &host)
                     .await
@@ -558,37 +555,49 @@ impl Connection {
             .map_err(|e| aether_cni::error_chain(&e))
     }
 
-    /// The client's protocol switch, to an unmeshed endpoint: the request as the client sent
-    /// it, and on `101 Switching Protocols` both connections are joined.
+    /// The client's switch, to an unmeshed endpoint: the request as the client sent it, and
+    /// once the endpoint agreed, both connections are joined.
     async fn switch_plain(
         &self,
         endpoint: SocketAddr,
         mut parts: ::http::request::Parts,
         switch: Switch,
     ) -> Result<Response<Body>, String> {
-        h::set_upgrade(&mut parts.headers, switch.protocol);
-        let request = Request::from_parts(parts, h::full(Bytes::new()));
-        let mut response = self
-            .clients
-            .plain(endpoint, request, false)
-            .await
-            .map_err(|e| e.to_string())?;
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let mut response = match &switch.asked {
+            h::Asked::Upgrade(protocol) => {
+                h::set_upgrade(&mut parts.headers, protocol.clone());
+                let request = Request::from_parts(parts, h::full(Bytes::new()));
+                self.clients
+                    .plain(endpoint, request, false)
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
+            h::Asked::Connect(authority) => {
+                parts.uri = ::http::Uri::from(authority.clone());
+                let request = Request::from_parts(parts, h::full(Bytes::new()));
+                h::send_connect(&self.pod.netns, endpoint, request).await?
+            }
+        };
+        let agreed = switch.asked.agreed(response.status());
+        if agreed {
             h::join(
                 self.pod.pod.clone(),
                 switch.client,
                 hyper::upgrade::on(&mut response),
             );
-        } else {
+        }
+        // A switched protocol's answer keeps its `Upgrade` and `Connection`.
+        if !agreed || switch.asked.carried() == Carried::Connect {
             strip_hop_by_hop(response.headers_mut());
         }
         Ok(response.map(h::incoming))
     }
 
-    /// The client's protocol switch, to a meshed endpoint: a CONNECT tunnel on the pooled mTLS
-    /// connection ([`Carried::Upgrade`]), whose proxy sends the app the request. Once the app
-    /// switched, the client gets `101 Switching Protocols` with the app's headers, and its
-    /// connection is joined to the tunnel; any other answer is the app's, as it gave it.
+    /// The client's switch, to a meshed endpoint: a CONNECT tunnel on the pooled mTLS
+    /// connection ([`Carried::Upgrade`], [`Carried::Connect`]), whose proxy sends the app the
+    /// request. Once the app agreed, the client gets its answer (`101 Switching Protocols`
+    /// with the app's headers, or 200 to a CONNECT), and its connection is joined to the
+    /// tunnel; any other answer is the app's, as it gave it.
     async fn switch_mesh(
         &self,
         snapshot: &Snapshot,
@@ -605,29 +614,38 @@ impl Connection {
             .parse()
             .map_err(|e| format!("{endpoint} as an authority: {e}"))?;
         *request.version_mut() = Version::HTTP_2;
-        let path = parts
-            .uri
-            .path_and_query()
-            .map_or("/", |pq| pq.as_str())
-            .to_owned();
+        // The path of the switching request, or the authority the CONNECT names.
+        let target = match &switch.asked {
+            h::Asked::Upgrade(_) => parts
+                .uri
+                .path_and_query()
+                .map_or("/", |pq| pq.as_str())
+                .to_owned(),
+            h::Asked::Connect(authority) => authority.to_string(),
+        };
         let headers = request.headers_mut();
         *headers = parts.headers;
         headers.insert(
             FORWARD_HEADER,
-            forward_value(endpoint.port(), Carried::Upgrade),
+            forward_value(endpoint.port(), switch.asked.carried()),
         );
-        headers.insert(h::UPGRADE_HEADER, switch.protocol);
+        if let h::Asked::Upgrade(protocol) = &switch.asked {
+            headers.insert(h::UPGRADE_HEADER, protocol.clone());
+        }
         headers.insert(
             h::PATH_HEADER,
-            HeaderValue::from_str(&path).map_err(|e| format!("path {path:?}: {e}"))?,
+            HeaderValue::from_str(&target).map_err(|e| format!("target {target:?}: {e}"))?,
         );
         let mut response = conn
             .send(request)
             .await
             .map_err(|e| aether_cni::error_chain(&e))?;
         let switched = response.headers_mut().remove(h::UPGRADE_HEADER);
-        let (Some(switched), StatusCode::OK) = (switched, response.status()) else {
-            return Ok(response.map(h::incoming));
+        let upgrade = match (&switch.asked, switched, response.status()) {
+            (_, _, status) if status != StatusCode::OK => return Ok(response.map(h::incoming)),
+            (h::Asked::Upgrade(_), Some(switched), _) => Some(switched),
+            (h::Asked::Upgrade(_), None, _) => return Ok(response.map(h::incoming)),
+            (h::Asked::Connect(_), _, _) => None,
         };
         h::join(
             self.pod.pod.clone(),
@@ -635,9 +653,14 @@ impl Connection {
             hyper::upgrade::on(&mut response),
         );
         let (mut head, _) = response.into_parts();
-        head.status = StatusCode::SWITCHING_PROTOCOLS;
         head.version = Version::HTTP_11;
-        h::set_upgrade(&mut head.headers, switched);
+        match upgrade {
+            Some(switched) => {
+                head.status = StatusCode::SWITCHING_PROTOCOLS;
+                h::set_upgrade(&mut head.headers, switched);
+            }
+            None => strip_hop_by_hop(&mut head.headers),
+        }
         Ok(Response::from_parts(head, h::full(Bytes::new())))
     }
 
@@ -771,7 +794,7 @@ impl Connection {
 /// A protocol switch the client asked for: the protocol, and the client's connection once
 /// hyper has answered it.
 struct Switch {
-    protocol: HeaderValue,
+    asked: h::Asked,
     client: OnUpgrade,
 }
 

@@ -10,6 +10,9 @@
 //! - A WebSocket on an HTTP port, from a pod on one node to a pod on the other: the handshake
 //!   and a message both ways go through, over mTLS to a meshed pod (which sees the caller's
 //!   identity on the handshake) and in plaintext to a pod that opted out.
+//! - A CONNECT on an HTTP port (the backend is a forward proxy), from a pod on one node to a
+//!   pod on the other: the backend's tunnel carries bytes both ways, over mTLS to a meshed pod
+//!   (which sees the caller's identity on the CONNECT) and in plaintext to one that opted out.
 //! - On the wire: while raw TCP (both ways: the client's line and the server's banner) and an
 //!   HTTP request cross from node-1 to node-2 through the mesh, a capture of node-1's link sees
 //!   TLS records and none of their bytes; the same request to the opted-out pod is seen in the
@@ -28,6 +31,39 @@ use serde_json::Value;
 
 const NS: &str = "e2e-protocols";
 const BANNER: &str = "220 aether-banner ready";
+/// A forward proxy in busybox: it answers a CONNECT with 200, says which caller identity the
+/// CONNECT carried, then echoes the tunnel's bytes.
+const TUNNEL_SCRIPT: &str = r#"#!/bin/sh
+id=none
+while read -r line; do
+  line=$(echo "$line" | tr -d '\r')
+  [ -z "$line" ] && break
+  case "$line" in x-aether-client-identity:*) id=${line#*: };; esac
+done
+printf 'HTTP/1.1 200 Connection established\r\n\r\n'
+echo "tunnel-open identity=$id"
+cat
+"#;
+
+/// The forward proxy `name` on node-2 (opted out of the mesh when `plain`) behind Service
+/// `name`, port 80 named `http`.
+fn tunnel(name: &str, plain: bool) -> String {
+    let annotations = if plain {
+        ", annotations: {aether.io/capture: disabled}"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {NS}, labels: {{app: {name}}}{annotations}}}\n\
+         spec:\n  nodeName: node-2\n  containers:\n  - name: shell\n    image: \"{NODE_SHELL_IMAGE}\"\n\
+         \x20   command: [nc, -ll, -p, \"3128\", -e, /scripts/tunnel.sh]\n\
+         \x20   ports: [{{name: proxy, containerPort: 3128}}]\n\
+         \x20   volumeMounts: [{{name: scripts, mountPath: /scripts}}]\n\
+         \x20 volumes: [{{name: scripts, configMap: {{name: tunnel-script, defaultMode: 493}}}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: proxy}}]\n---\n"
+    )
+}
 
 fn workloads() -> String {
     format!(
@@ -52,9 +88,18 @@ fn workloads() -> String {
          spec:\n  selector: {{app: ws}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
          apiVersion: v1\nkind: Service\nmetadata: {{name: ws-plain, namespace: {NS}}}\n\
          spec:\n  selector: {{app: ws-plain}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+         {tunnel}{tunnel_plain}\
          apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: hijack, namespace: {NS}}}\n\
          spec:\n  parentRefs: [{{group: \"\", kind: Service, name: kubernetes, namespace: default, port: 443}}]\n\
-         \x20 rules: [{{backendRefs: [{{name: mail, port: 25}}]}}]\n"
+         \x20 rules: [{{backendRefs: [{{name: mail, port: 25}}]}}]\n---\n\
+         {script}",
+        tunnel = tunnel("tunnel", false),
+        tunnel_plain = tunnel("tunnel-plain", true),
+        script = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "tunnel-script", "namespace": NS},
+            "data": {"tunnel.sh": TUNNEL_SCRIPT},
+        }),
     )
 }
 
@@ -64,7 +109,7 @@ async fn ports_are_carried_as_what_they_are() -> Result<()> {
     install(&cluster, &[]).await?;
     cluster.delete_namespaces(&[NS])?;
     cluster.apply_text(&workloads())?;
-    cluster.wait_ready(NS, 5, Duration::from_secs(90)).await?;
+    cluster.wait_ready(NS, 7, Duration::from_secs(90)).await?;
     wait_nodes_applied(&cluster).await?;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NS);
 
@@ -74,6 +119,8 @@ async fn ports_are_carried_as_what_they_are() -> Result<()> {
     a_route_on_the_api_servers_https_port_changes_nothing(&cluster, &echo).await?;
     a_websocket_goes_through(&cluster, &echo, "ws", true).await?;
     a_websocket_goes_through(&cluster, &echo, "ws-plain", false).await?;
+    a_connect_tunnel_goes_through(&cluster, &shell, "tunnel", true).await?;
+    a_connect_tunnel_goes_through(&cluster, &shell, "tunnel-plain", false).await?;
     only_tls_crosses_the_node_link(&cluster, &shell, &echo).await?;
 
     cluster.delete_namespaces(&[NS])?;
@@ -187,6 +234,43 @@ async fn a_route_on_the_api_servers_https_port_changes_nothing(
         ),
     }
     Ok(())
+}
+
+/// A CONNECT from `shell` to the forward proxy behind `service`: the tunnel opens, the proxy
+/// says which identity the CONNECT carried (the caller's over mTLS, `meshed`, else none), and a
+/// line sent through the tunnel comes back.
+async fn a_connect_tunnel_goes_through(
+    cluster: &Cluster,
+    shell: &Pod,
+    service: &str,
+    meshed: bool,
+) -> Result<()> {
+    let client = format!(
+        "(printf 'CONNECT upstream.example:443 HTTP/1.1\\r\\nHost: upstream.example:443\\r\\n\\r\\n'; \
+         sleep 1; echo tunnel-ping; sleep 2) | nc -w 5 {service} 80"
+    );
+    let expected = if meshed {
+        format!("tunnel-open identity=spiffe://cluster.local/ns/{NS}/sa/default")
+    } else {
+        "tunnel-open identity=none".to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let output = cluster.exec(shell, "shell", &["sh", "-c", &client])?;
+        let got = String::from_utf8_lossy(&output.stdout);
+        let opened = got.starts_with("HTTP/1.1 200");
+        if opened && got.contains(&expected) && got.contains("tunnel-ping") {
+            eprintln!("a CONNECT to {service} went through: {expected}");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "a CONNECT to {service} (meshed: {meshed}) got {got:?} {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 async fn only_tls_crosses_the_node_link(cluster: &Cluster, shell: &Pod, echo: &Pod) -> Result<()> {
