@@ -23,7 +23,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::capture_set::CaptureSet;
 use crate::dataplane::{DataPlane, ForwardCounts};
-use crate::listeners::{ConnectionLimits, Listeners, PodInfo, Role, capture_addrs, inbound_addr};
+use crate::listeners::{
+    ConnectionLimits, Listeners, PodInfo, PodSocket, Role, capture_addrs, inbound_addr,
+};
 use crate::netns;
 use crate::pod_view::{self, PodView};
 use crate::probes::Probes;
@@ -57,6 +59,8 @@ pub struct AgentConfig {
     pub node_netns: Option<PathBuf>,
     pub nft: Nft,
     pub limits: ConnectionLimits,
+    /// Listening sockets a predecessor process handed over, reused for the pods it had.
+    pub inherited: Vec<PodSocket>,
 }
 
 pub struct Agent {
@@ -128,7 +132,8 @@ impl Agent {
         })?;
         let registry_path = config.state_dir.join(REGISTRY_FILE);
         let registry = Registry::load(&registry_path)?;
-        let listeners = Listeners::new(runtime, plane.clone(), config.limits);
+        let mut listeners = Listeners::new(runtime, plane.clone(), config.limits);
+        listeners.inherit(config.inherited);
         let agent = Agent {
             capture_port: config.capture_port,
             inbound_port: config.inbound_port,
@@ -174,6 +179,13 @@ impl Agent {
             }
         }
         *registry = kept;
+        let unclaimed = listeners.drop_inherited();
+        if unclaimed > 0 {
+            info!(
+                sockets = unclaimed,
+                "closed handed-over listeners of pods no longer registered"
+            );
+        }
         let update = self.sync_elements(&mut state, capture);
         self.save_capture(&state.capture);
         info!(
@@ -728,6 +740,16 @@ impl Agent {
         for task in tasks {
             let _ = task.await;
         }
+    }
+
+    /// Has `keeper` keep every registered pod's listening sockets from now on.
+    pub fn keep_sockets_in(&self, keeper: Arc<crate::handover::holder::Keeper>) {
+        self.lock().listeners.keep_in(keeper);
+    }
+
+    /// A copy of every registered pod's listening sockets, for a successor process.
+    pub fn pod_sockets(&self) -> std::io::Result<Vec<PodSocket>> {
+        self.lock().listeners.sockets()
     }
 
     pub fn registered(&self) -> Vec<RegisteredPod> {

@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::io::{self, BufReader, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -98,22 +99,62 @@ pub fn bind(path: &Path) -> Result<CniSocket, ServerError> {
     })
 }
 
-/// Serves until `shutdown` completes, then removes the socket file (if it is still ours), so the
-/// plugin sees at once that the proxy is gone. Connections being served finish on their own.
-pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<Output = ()>) {
+impl CniSocket {
+    /// The socket a predecessor process was serving at `path`, handed over.
+    pub fn inherit(fd: OwnedFd, path: &Path) -> Result<CniSocket, ServerError> {
+        let bind_error = |source| ServerError::Bind {
+            path: path.to_owned(),
+            source,
+        };
+        let listener = std::os::unix::net::UnixListener::from(fd);
+        let bound = listener.local_addr().map_err(bind_error)?;
+        if bound.as_pathname() != Some(path) {
+            return Err(bind_error(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the handed-over CNI socket is bound to {bound:?}"),
+            )));
+        }
+        let meta = std::fs::metadata(path).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        Ok(CniSocket {
+            listener: UnixListener::from_std(listener).map_err(bind_error)?,
+            path: path.to_owned(),
+            inode: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// A copy of the listening socket, for a successor process.
+    pub fn copy(&self) -> io::Result<OwnedFd> {
+        self.listener.as_fd().try_clone_to_owned()
+    }
+}
+
+/// What becomes of the socket when the server stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The proxy is going: the file goes, so the plugin sees at once that nobody serves.
+    Remove,
+    /// A successor serves the same socket: the file stays.
+    HandOver,
+}
+
+/// Serves until `shutdown` completes, lets the connections being served finish (each has
+/// [`CONNECTION_DEADLINE`]), then removes the socket file if `shutdown` says so and it is still
+/// ours.
+pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<Output = Stop>) {
     info!(socket = %socket.path.display(), "serving the CNI plugin");
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
-    loop {
+    let stop = loop {
         let slot = tokio::select! {
-            () = &mut shutdown => break,
+            stop = &mut shutdown => break stop,
             slot = slots.clone().acquire_owned() => match slot {
                 Ok(slot) => slot,
-                Err(_) => break,
+                Err(_) => break Stop::Remove,
             },
         };
         let accepted = tokio::select! {
-            () = &mut shutdown => break,
+            stop = &mut shutdown => break stop,
             accepted = socket.listener.accept() => accepted,
         };
         let stream = match accepted {
@@ -151,6 +192,18 @@ pub async fn serve(socket: CniSocket, agent: Arc<Agent>, shutdown: impl Future<O
             }
             Err(error) => warn!(%error, "cannot set up a CNI plugin connection"),
         }
+    };
+    // A registration under way finishes before the registry is handed on or left for the
+    // next start.
+    let all = MAX_CONNECTIONS as u32;
+    if tokio::time::timeout(CONNECTION_DEADLINE, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        warn!("a CNI plugin connection outlived its deadline at shutdown");
+    }
+    if stop == Stop::HandOver {
+        return;
     }
     let ours =
         std::fs::metadata(&socket.path).is_ok_and(|meta| (meta.dev(), meta.ino()) == socket.inode);

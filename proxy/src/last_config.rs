@@ -62,13 +62,8 @@ impl LastConfig {
         };
         let written = serde_json::to_vec(&saved)
             .map_err(std::io::Error::other)
-            .and_then(|json| {
-                // The first config may come before the agent made the state directory.
-                if let Some(dir) = self.path.parent() {
-                    crate::state_file::create_private_dir(dir)?;
-                }
-                crate::state_file::write_atomically(&self.path, &json)
-            });
+            // The first config may come before the agent made the state directory.
+            .and_then(|json| crate::state_file::write_in_private_dir(&self.path, &json));
         if let Err(error) = written {
             warn!(path = %self.path.display(), %error, "cannot save the node config");
         }

@@ -11,6 +11,7 @@
 //! - [`capture_set`]: the route-target ClusterIP:ports every meshed pod's table captures.
 //! - [`last_config`]: the node's last NodeConfig, kept for a restart without it.
 //! - [`listeners`]: per-pod capture and inbound listeners.
+//! - [`handover`]: the listening sockets, from a proxy process to its successor.
 //! - [`netns`]: every `setns(2)`: sockets inside a pod's network namespace, `SO_ORIGINAL_DST`.
 //! - [`cni_kubeconfig`]: the token the CNI plugin falls back to when the proxy is down.
 //! - [`cluster`]: watches of the cluster and the loops that apply what they see.
@@ -30,6 +31,7 @@ pub mod cni_server;
 pub mod dataplane;
 pub mod enrol;
 pub mod fuzzing;
+pub mod handover;
 pub mod identity;
 pub mod last_config;
 pub mod listeners;

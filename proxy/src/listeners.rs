@@ -1,10 +1,13 @@
 //! The listeners of the registered pods, one set per pod, inside its network namespace: the
 //! outbound capture listener (where the pod's table redirects route-target connections) and the
 //! inbound mTLS listener. What happens to an accepted connection is the [`Handler`]'s business
-//! (the data plane); this module owns the listeners' lifecycle.
+//! (the data plane); this module owns the listeners' lifecycle, and hands the listening sockets
+//! to a successor process ([`Listeners::sockets`], [`Listeners::inherit`]) so that a restart
+//! of the proxy never closes them.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
+use crate::handover::holder::Keeper;
 use crate::netns::{self, NetnsError};
 
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
@@ -94,12 +98,15 @@ impl Limit {
 
 /// Serves the connections the listeners accept.
 pub trait Handler: Send + Sync + 'static {
+    /// `drain` says when the listener stopped: a connection that can end gently (HTTP) should
+    /// then finish what it is doing and close.
     fn serve(
         self: Arc<Self>,
         role: Role,
         stream: TcpStream,
         peer: SocketAddr,
         pod: Arc<PodInfo>,
+        drain: Drain,
     ) -> BoxFuture<'static, ()>;
 
     /// The pod's listeners closed for good: forget what is kept for it.
@@ -113,6 +120,27 @@ pub trait Handler: Send + Sync + 'static {
 /// take to finish before they are cut.
 type Stop = Option<Duration>;
 
+/// Tells an open connection that its listener stopped.
+#[derive(Clone)]
+pub struct Drain(watch::Receiver<Stop>);
+
+impl Drain {
+    /// Completes once the listener has stopped (at once if it already has). A listener
+    /// dropped without a word counts as stopped.
+    pub async fn started(&mut self) {
+        let _ = self.0.wait_for(Option::is_some).await;
+    }
+}
+
+/// A pod's listening socket, as handed from one proxy process to the next.
+#[derive(Debug)]
+pub struct PodSocket {
+    /// The pod's container id.
+    pub key: String,
+    pub addr: SocketAddr,
+    pub fd: OwnedFd,
+}
+
 /// The listener tasks of every registered pod, by container id, and of the pods leaving.
 pub struct Listeners {
     runtime: Handle,
@@ -122,11 +150,19 @@ pub struct Listeners {
     node: Arc<Semaphore>,
     pods: HashMap<String, PodListeners>,
     retiring: HashMap<String, Retiring>,
+    /// Sockets a predecessor process handed over, by pod and address, until [`Listeners::open`]
+    /// takes them.
+    inherited: HashMap<(String, SocketAddr), OwnedFd>,
+    /// Told the registered pods' sockets whenever they change, so a holder keeps them across
+    /// a crash of this process.
+    keeper: Option<Arc<Keeper>>,
 }
 
 struct PodListeners {
     info: Arc<PodInfo>,
     addrs: Vec<(SocketAddr, Role)>,
+    /// The listening sockets (a descriptor of each beside its accept loop's), to hand over.
+    sockets: Vec<OwnedFd>,
     stop: watch::Sender<Stop>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -170,7 +206,84 @@ impl Listeners {
             node: Arc::new(Semaphore::new(limits.per_node)),
             pods: HashMap::new(),
             retiring: HashMap::new(),
+            inherited: HashMap::new(),
+            keeper: None,
         }
+    }
+
+    /// Has `keeper` keep the registered pods' sockets from now on.
+    pub fn keep_in(&mut self, keeper: Arc<Keeper>) {
+        self.keeper = Some(keeper);
+        self.sync_keeper();
+    }
+
+    fn sync_keeper(&self) {
+        if let Some(keeper) = &self.keeper {
+            keeper.keep(
+                self.registered_sockets()
+                    .map(|(key, addr, fd)| (key, addr, fd.as_fd())),
+            );
+        }
+    }
+
+    /// The registered pods' listening sockets: container id, address, socket.
+    fn registered_sockets(&self) -> impl Iterator<Item = (&str, SocketAddr, &OwnedFd)> {
+        self.pods.iter().flat_map(|(key, pod)| {
+            pod.addrs
+                .iter()
+                .zip(&pod.sockets)
+                .map(|((addr, _), fd)| (key.as_str(), *addr, fd))
+        })
+    }
+
+    /// Keeps the sockets a predecessor handed over, for [`Listeners::open`] to take instead of
+    /// opening new ones: connections waiting in their backlog are accepted, not refused.
+    pub fn inherit(&mut self, sockets: Vec<PodSocket>) {
+        self.inherited.extend(
+            sockets
+                .into_iter()
+                .map(|socket| ((socket.key, socket.addr), socket.fd)),
+        );
+    }
+
+    /// Closes the inherited sockets no pod took (their pods are gone); returns how many.
+    pub fn drop_inherited(&mut self) -> usize {
+        let left = self.inherited.len();
+        self.inherited.clear();
+        left
+    }
+
+    /// A copy of every registered pod's listening sockets, for a successor process.
+    pub fn sockets(&self) -> std::io::Result<Vec<PodSocket>> {
+        self.registered_sockets()
+            .map(|(key, addr, fd)| {
+                Ok(PodSocket {
+                    key: key.to_owned(),
+                    addr,
+                    fd: fd.try_clone()?,
+                })
+            })
+            .collect()
+    }
+
+    /// The listening socket for `addr` in the pod `key`'s netns: the inherited one if there
+    /// is one bound there, else a new one.
+    fn listen(
+        &mut self,
+        key: &str,
+        netns: &Path,
+        addr: SocketAddr,
+    ) -> Result<std::net::TcpListener, NetnsError> {
+        if let Some(fd) = self.inherited.remove(&(key.to_owned(), addr)) {
+            let listener = std::net::TcpListener::from(fd);
+            match listener.local_addr() {
+                Ok(bound) if bound == addr => return Ok(listener),
+                bound => {
+                    warn!(container_id = key, %addr, ?bound, "an inherited socket is not bound where it should be; opening a new one")
+                }
+            }
+        }
+        netns::listen_in(netns, addr)
     }
 
     /// Makes sure the pod `info.key` has listeners on exactly `addrs` inside its netns, all
@@ -192,22 +305,33 @@ impl Listeners {
         if let Some(retiring) = self.retiring.remove(&key) {
             if !retiring.stopped && same(&retiring.listeners) && retiring.listeners.is_open() {
                 self.pods.insert(key, retiring.listeners);
+                self.sync_keeper();
                 return Ok(false);
             }
             retiring.listeners.stop.send_replace(Some(Duration::ZERO));
         }
         self.close(&key);
+        let mut opened = Vec::with_capacity(addrs.len());
+        for &(addr, role) in addrs {
+            opened.push((addr, role, self.listen(&key, &info.netns, addr)?));
+        }
         let _runtime = self.runtime.enter();
         let mut listeners = Vec::with_capacity(addrs.len());
-        for &(addr, role) in addrs {
-            let listener = netns::listen_in(&info.netns, addr)?;
-            let listener =
-                TcpListener::from_std(listener).map_err(|source| NetnsError::Listen {
-                    path: info.netns.to_path_buf(),
-                    addr,
-                    source,
-                })?;
-            listeners.push((listener, role));
+        let mut sockets = Vec::with_capacity(addrs.len());
+        for (addr, role, listener) in opened {
+            let listen_error = |source| NetnsError::Listen {
+                path: info.netns.to_path_buf(),
+                addr,
+                source,
+            };
+            listener.set_nonblocking(true).map_err(listen_error)?;
+            sockets.push(
+                listener
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(listen_error)?,
+            );
+            listeners.push((TcpListener::from_std(listener).map_err(listen_error)?, role));
         }
         let (stop, stopped) = watch::channel(None);
         let info = Arc::new(info);
@@ -227,10 +351,12 @@ impl Listeners {
         let pod = PodListeners {
             info,
             addrs: addrs.to_vec(),
+            sockets,
             stop,
             tasks,
         };
         self.pods.insert(key, pod);
+        self.sync_keeper();
         Ok(true)
     }
 
@@ -238,9 +364,14 @@ impl Listeners {
     /// pod is gone.
     pub fn close(&mut self, key: &str) {
         let retiring = self.retiring.remove(key).map(|r| r.listeners);
-        for pod in self.pods.remove(key).into_iter().chain(retiring) {
+        let registered = self.pods.remove(key);
+        let known = registered.is_some();
+        for pod in registered.into_iter().chain(retiring) {
             pod.stop.send_replace(Some(Duration::ZERO));
             self.handler.forget(&pod.info);
+        }
+        if known {
+            self.sync_keeper();
         }
     }
 
@@ -249,6 +380,7 @@ impl Listeners {
     /// connections open then get `drain` to finish. [`Listeners::sweep`] carries it out.
     pub fn retire(&mut self, key: &str, linger: Duration, drain: Duration) {
         if let Some(listeners) = self.pods.remove(key) {
+            self.sync_keeper();
             self.retiring.insert(
                 key.to_owned(),
                 Retiring {
@@ -370,7 +502,8 @@ impl PodListener {
                             continue;
                         };
                         let _ = stream.set_nodelay(true);
-                        let served = self.handler.clone().serve(self.role, stream, peer, self.info.clone());
+                        let drain = Drain(stop.clone());
+                        let served = self.handler.clone().serve(self.role, stream, peer, self.info.clone(), drain);
                         connections.spawn(async move {
                             let _permits = permits;
                             served.await

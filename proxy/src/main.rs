@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,11 +15,14 @@ use aether_cni::protocol::{DEFAULT_SOCKET, PodRef};
 use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cluster::{self, ClusterView};
+use aether_proxy::cni_server::CniSocket;
 use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
+use aether_proxy::handover::holder::{Holder, Keeper};
+use aether_proxy::handover::{Event, Given, Offer, Socket, Successor};
 use aether_proxy::identity::svid::{self, CaClient, Resolver};
 use aether_proxy::identity::tls::{Certs, TrustStore};
 use aether_proxy::last_config::LastConfig;
-use aether_proxy::listeners::ConnectionLimits;
+use aether_proxy::listeners::{ConnectionLimits, PodSocket};
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::Metrics;
 use aether_proxy::node_pods::{self, NodePods};
@@ -48,6 +52,12 @@ A missing NodeConfig keeps the last one in force (the capture set is saved in --
 With --capture-set FILE (no cluster): the capture set comes from the file (re-read on SIGHUP) \
 and captured connections pass through as TCP to their original destination.
 
+A proxy started while another runs on the node (a rolling update) takes over the other's \
+sockets through --handover-socket: the admin socket at once, the CNI socket and every pod's \
+listeners once its caches are synced. The other then drains its connections and waits for \
+SIGTERM. No socket closes, so no connection is refused. With --holder-socket, a holder process \
+(`aether-proxy hold`) keeps copies of the sockets, which a proxy restarted after a crash takes.
+
 SIGTERM or SIGINT: stop serving the plugin, close every listener, give open connections \
 --drain-seconds to finish. The registry stays for the next start, unless aether is being \
 uninstalled (`helm uninstall` created the --uninstall-marker ConfigMap after this pod started, \
@@ -66,6 +76,13 @@ enum Command {
     /// Serve the CNI plugin and the listeners of this node's meshed pods.
     #[command(long_about = RUN_HELP)]
     Run(Box<RunArgs>),
+    /// Keep copies of the proxy's sockets, so that they outlive a crash of the proxy (the
+    /// `holder` container beside it).
+    Hold {
+        /// Where the proxy (`run --holder-socket`) reaches this process.
+        #[arg(long)]
+        socket: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -141,9 +158,16 @@ struct RunArgs {
     /// descriptors; lowered to fit the open-file limit).
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
-    /// How long open connections may take to finish after SIGTERM.
+    /// How long open connections may take to finish after SIGTERM or a hand-over.
     #[arg(long, default_value_t = 5)]
     drain_seconds: u64,
+    /// Where this proxy offers its sockets to a successor, and looks for a predecessor's.
+    #[arg(long, default_value = "/var/run/aether/handover.sock")]
+    handover_socket: PathBuf,
+    /// The `aether-proxy hold` process that keeps copies of this proxy's sockets across a
+    /// crash: a proxy that starts with no predecessor takes them from it.
+    #[arg(long)]
+    holder_socket: Option<PathBuf>,
     /// Run this `nft` program instead of libnftables in-process.
     #[arg(long)]
     nft_path: Option<PathBuf>,
@@ -201,13 +225,54 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    let Cli {
-        command: Command::Run(args),
-    } = Cli::parse();
+    let args = match Cli::parse().command {
+        Command::Run(args) => args,
+        Command::Hold { socket } => return hold(&socket),
+    };
     let open_files = raise_open_file_limit();
     let result = runtimes(args.worker_threads)
         .and_then(|(control, data)| control.block_on(run(*args, data, open_files)));
     match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `aether-proxy hold`: keeps the proxy's sockets until SIGTERM or SIGINT.
+fn hold(socket: &Path) -> ExitCode {
+    let holder = match Holder::bind(socket) {
+        Ok(holder) => holder,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let serving = std::thread::Builder::new()
+        .name("aether-holder".into())
+        .spawn(move || holder.run());
+    let stopped = serving
+        .context("cannot start the holder's thread")
+        .and_then(|_| {
+            // As a container's first process, without a handler of its own, SIGTERM would be
+            // ignored until the grace period's SIGKILL.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start a runtime for the holder's signals")?;
+            runtime.block_on(async {
+                let mut terminate = signal(SignalKind::terminate())?;
+                let mut interrupt = signal(SignalKind::interrupt())?;
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
+                anyhow::Ok(())
+            })
+        });
+    match stopped {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -304,22 +369,39 @@ async fn run(
     info!(node = %args.node, capture_port = args.capture_port, inbound_port = args.inbound_port, "starting aether-proxy");
     let limits = connection_limits(&args, open_files);
     let metrics = Arc::new(Metrics::new());
-    let (ready, readiness) = watch::channel(Err("starting".to_string()));
-    let admin = tokio::net::TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
-    let scraped = metrics.clone();
+    // Its one receiver is the admin task's, absent while a successor holds the admin socket:
+    // readiness changes go in with `send_replace`, which keeps them even then.
+    let (ready, _) = watch::channel(Err("starting".to_string()));
+    let (mut successor, mut admin) = find_predecessor(&args.handover_socket).await;
+    let mut given = Given::default();
+    if successor.is_none()
+        && let Some(path) = &args.holder_socket
+    {
+        given = take_held(path).await;
+        admin = given.admin.take();
+    }
+    let admin = match admin {
+        Some(fd) => inherit_admin(fd, args.admin_addr)?,
+        None => std::net::TcpListener::bind(args.admin_addr)
+            .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?,
+    };
+    admin
+        .set_nonblocking(true)
+        .context("the admin socket: non-blocking mode")?;
+    let serve_admin = |admin: &std::net::TcpListener| -> anyhow::Result<_> {
+        let listener = tokio::net::TcpListener::from_std(admin.try_clone()?)?;
+        let scraped = metrics.clone();
+        Ok(tokio::spawn(aether_admin::serve(
+            listener,
+            move || scraped.text(),
+            ready.subscribe(),
+            aether_admin::Limits::default(),
+        )))
+    };
+    let mut admin_task = Some(serve_admin(&admin).context("serving the admin endpoint")?);
     // Tasks that run for the process's life: one that ends (a panic) ends the process, so the
     // kubelet restarts a proxy that would otherwise serve half-working.
-    let mut lifelong = vec![(
-        "the admin endpoint",
-        tokio::spawn(aether_admin::serve(
-            admin,
-            move || scraped.text(),
-            readiness,
-            aether_admin::Limits::default(),
-        )),
-    )];
+    let mut lifelong = Vec::new();
     let nft = args
         .nft_path
         .clone()
@@ -337,6 +419,7 @@ async fn run(
                 node_netns: None,
                 nft,
                 limits,
+                inherited: take_pods(successor.take(), &mut given).await,
             };
             let plane = DataPlane::new(None);
             (
@@ -397,7 +480,7 @@ async fn run(
                     view.changed.clone(),
                 )),
             ));
-            let _ = ready.send(Err("waiting for the watch caches".into()));
+            let _ = ready.send_replace(Err("waiting for the watch caches".into()));
             view.wait_synced().await.map_err(anyhow::Error::msg)?;
             let trust = TrustStore::new(&args.trust_domain);
             if let Some(pem) = view.trust_bundle()
@@ -443,6 +526,7 @@ async fn run(
                 node_netns: Some("/proc/self/ns/net".into()),
                 nft,
                 limits,
+                inherited: take_pods(successor.take(), &mut given).await,
             };
             let agent =
                 start_agent(config, view.clone(), snapshot.capture.clone(), data, plane).await?;
@@ -485,46 +569,104 @@ async fn run(
             (agent, None)
         }
     };
-    let socket = cni_server::bind(&args.cni_socket)?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let socket = match given.cni.take() {
+        Some(fd) => CniSocket::inherit(fd, &args.cni_socket)?,
+        None => cni_server::bind(&args.cni_socket)?,
+    };
+    let cni_copy = socket.copy().context("the CNI socket")?;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
     let server = tokio::spawn(cni_server::serve(socket, agent.clone(), async {
-        let _ = stopped.await;
+        stopped.await.unwrap_or(cni_server::Stop::Remove)
     }));
-    let _ = ready.send(Ok(()));
+    let _ = ready.send_replace(Ok(()));
+    let mut handover = offer_sockets(&args.handover_socket, &admin)?;
+    let keeper = match &args.holder_socket {
+        Some(path) => Some(keep_sockets(path, &admin, &cni_copy, &agent).await?),
+        None => None,
+    };
 
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut crashed = None;
+    let mut handing_over = None;
     loop {
         let supervised = lifelong
             .iter_mut()
             .map(|(name, task)| (*name, task))
+            .chain(admin_task.as_mut().map(|task| ("the admin endpoint", task)))
             .chain(apply.as_mut().map(|task| ("the config loop", task)))
             .chain(repair.as_mut().map(|task| ("the drift repair", task)))
             .map(|(name, task)| Box::pin(async move { (name, task.await) }));
         let ended = futures::future::select_all(supervised);
-        tokio::select! {
+        let event = tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
-            _ = hangup.recv() => reload(&agent, capture_file.as_deref()).await,
+            _ = hangup.recv() => {
+                reload(&agent, capture_file.as_deref()).await;
+                continue;
+            }
+            Some(event) = handover.recv() => event,
             ((task, result), _, _) = ended => {
                 let why = result.err().map_or_else(|| "it returned".to_string(), |e| e.to_string());
                 error!(task, why, "a task of the proxy ended: stopping, to be restarted");
                 crashed = Some(task);
                 break;
             }
+        };
+        match event {
+            Event::AdminTaken => {
+                if let Some(task) = admin_task.take() {
+                    task.abort();
+                }
+                info!("a successor serves the admin endpoint now");
+            }
+            Event::Abandoned => {
+                if admin_task.is_none() {
+                    admin_task = Some(serve_admin(&admin).context("serving the admin endpoint")?);
+                }
+                warn!("the successor went away before it took the pods; this proxy goes on");
+            }
+            Event::PodsWanted(reply) => {
+                handing_over = Some(reply);
+                break;
+            }
         }
     }
-    info!("shutting down");
-    let _ = ready.send(Err("shutting down".into()));
-    let _ = stop.send(());
+    info!(handing_over = handing_over.is_some(), "shutting down");
+    let _ = ready.send_replace(Err("shutting down".into()));
+    let _ = stop.send(if handing_over.is_some() {
+        cni_server::Stop::HandOver
+    } else {
+        cni_server::Stop::Remove
+    });
     server.await.context("the CNI server")?;
     let _ = stopping.send(true);
     for task in [repair, apply].into_iter().flatten() {
         if !task.is_finished() {
             let _ = task.await;
         }
+    }
+    if let Some(reply) = handing_over {
+        hand_over(reply, &agent, cni_copy);
+        if let Some(keeper) = keeper {
+            tokio::task::spawn_blocking(move || keeper.release()).await?;
+        }
+        agent
+            .shutdown(Duration::from_secs(args.drain_seconds))
+            .await;
+        for task in lifelong.iter().map(|(_, task)| task).chain(&admin_task) {
+            task.abort();
+        }
+        // Exiting would have the kubelet start this container again, and take the sockets
+        // back: the pod waits for its deletion instead.
+        info!("handed over to the successor and drained; waiting for SIGTERM");
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        info!("stopped");
+        return Ok(());
     }
     if crashed.is_none()
         && let Some(view) = cluster
@@ -540,6 +682,143 @@ async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// A proxy already running on this node hands over its sockets: its admin socket now (the
+/// rest is for [`take_pods`]). `None` when there is none, and also when the hand-over fails:
+/// this proxy then opens sockets of its own.
+async fn find_predecessor(path: &Path) -> (Option<Successor>, Option<OwnedFd>) {
+    let path = path.to_owned();
+    match tokio::task::spawn_blocking(move || Successor::connect(&path)).await {
+        Ok(Ok(Some((successor, admin)))) => {
+            info!("a proxy runs on this node: taking over its sockets");
+            (Some(successor), Some(admin))
+        }
+        Ok(Ok(None)) => (None, None),
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot take over the running proxy's sockets; opening new ones");
+            (None, None)
+        }
+        Err(e) => {
+            warn!(error = %e, "taking over the running proxy's sockets failed");
+            (None, None)
+        }
+    }
+}
+
+/// The admin socket a predecessor handed over, if it is bound where this proxy serves.
+fn inherit_admin(fd: OwnedFd, addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+    let admin = std::net::TcpListener::from(fd);
+    let bound = admin.local_addr().context("the handed-over admin socket")?;
+    anyhow::ensure!(
+        bound == addr,
+        "the running proxy's admin socket is bound to {bound}, not to --admin-addr {addr}"
+    );
+    Ok(admin)
+}
+
+/// The sockets the holder kept from a proxy of this pod that crashed; none when there is no
+/// holder, or it fails to give them: this proxy then opens sockets of its own.
+async fn take_held(path: &Path) -> Given {
+    let path = path.to_owned();
+    match tokio::task::spawn_blocking(move || Successor::take_held(&path)).await {
+        Ok(Ok(Some(held))) => {
+            info!(
+                listeners = held.pods.len(),
+                "took the sockets the holder kept from the proxy before"
+            );
+            held
+        }
+        Ok(Ok(None)) => Given::default(),
+        Ok(Err(e)) => {
+            warn!(error = %e, "the holder did not give its sockets; opening new ones");
+            Given::default()
+        }
+        Err(e) => {
+            warn!(error = %e, "taking the holder's sockets failed");
+            Given::default()
+        }
+    }
+}
+
+/// The predecessor's CNI socket and pods' listeners (it stops changing the node now), into
+/// `given`; returns the pods' listeners in `given`, for the agent. When the predecessor fails
+/// to hand them over, the agent opens listeners of its own.
+async fn take_pods(successor: Option<Successor>, given: &mut Given) -> Vec<PodSocket> {
+    if let Some(successor) = successor {
+        match tokio::task::spawn_blocking(move || successor.take_pods()).await {
+            Ok(Ok(taken)) => {
+                info!(
+                    listeners = taken.pods.len(),
+                    cni = taken.cni.is_some(),
+                    "took over the running proxy's sockets"
+                );
+                *given = taken;
+            }
+            Ok(Err(e)) => {
+                error!(error = %e, "the running proxy did not hand over its sockets; opening new ones")
+            }
+            Err(e) => error!(error = %e, "taking over the running proxy's sockets failed"),
+        }
+    }
+    std::mem::take(&mut given.pods)
+}
+
+/// Offers this proxy's sockets to the next one, on a thread of its own (the offer blocks); its
+/// events come on the returned channel. Without an offer (the socket cannot be bound), a
+/// rolling update of the proxy closes the sockets: said, not fatal.
+fn offer_sockets(
+    path: &Path,
+    admin: &std::net::TcpListener,
+) -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<Event>> {
+    let (events, heard) = tokio::sync::mpsc::unbounded_channel();
+    match Offer::bind(path) {
+        Ok(offer) => {
+            let admin = admin
+                .as_fd()
+                .try_clone_to_owned()
+                .context("the admin socket")?;
+            std::thread::Builder::new()
+                .name("aether-handover".into())
+                .spawn(move || offer.serve(admin, events))
+                .context("cannot start the hand-over thread")?;
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot offer this proxy's sockets to a successor; its restart will refuse connections")
+        }
+    }
+    Ok(heard)
+}
+
+/// Has the holder at `path` keep this proxy's sockets from now on.
+async fn keep_sockets(
+    path: &Path,
+    admin: &std::net::TcpListener,
+    cni: &OwnedFd,
+    agent: &Arc<Agent>,
+) -> anyhow::Result<Arc<Keeper>> {
+    let admin = admin
+        .as_fd()
+        .try_clone_to_owned()
+        .context("the admin socket")?;
+    let keeper = Arc::new(Keeper::new(path.to_owned(), admin, cni.try_clone()?));
+    let (kept, agent) = (keeper.clone(), agent.clone());
+    tokio::task::spawn_blocking(move || agent.keep_sockets_in(kept)).await?;
+    Ok(keeper)
+}
+
+/// Sends the successor the CNI socket and every registered pod's listeners.
+fn hand_over(reply: tokio::sync::oneshot::Sender<Vec<Socket>>, agent: &Agent, cni: OwnedFd) {
+    let mut sockets = vec![Socket::Cni(cni)];
+    match agent.pod_sockets() {
+        Ok(pods) => sockets.extend(pods.into_iter().map(Socket::Pod)),
+        Err(e) => {
+            error!(error = %e, "cannot copy the pods' listeners; the successor opens new ones")
+        }
+    }
+    if reply.send(sockets).is_err() {
+        error!("the hand-over thread is gone; the successor opens new sockets");
+    }
 }
 
 /// Restoring runs nftables and opens sockets in pods' namespaces: blocking work. It comes

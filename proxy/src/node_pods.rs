@@ -201,15 +201,11 @@ fn write_bundle(
     if written.as_ref() == Some(&bundle) {
         return Ok(());
     }
-    let write = |path: &Path| {
-        if let Some(dir) = path.parent() {
-            crate::state_file::create_private_dir(dir)?;
+    crate::state_file::write_in_private_dir(path, bundle.as_bytes()).map_err(|source| {
+        FeedError::Write {
+            path: path.to_owned(),
+            source,
         }
-        crate::state_file::write_atomically(path, bundle.as_bytes())
-    };
-    write(path).map_err(|source| FeedError::Write {
-        path: path.to_owned(),
-        source,
     })?;
     *written = Some(bundle);
     Ok(())

@@ -35,6 +35,15 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     written
 }
 
+/// [`write_atomically`], creating the file's directory first (private, see
+/// [`create_private_dir`]): what is saved before the agent made the state directory.
+pub fn write_in_private_dir(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_private_dir(dir)?;
+    }
+    write_atomically(path, bytes)
+}
+
 /// The state directory holds the netns paths of pods: only root needs to read it. An existing
 /// directory keeps its mode (it may be shared, e.g. a hostPath the operator chose).
 pub fn create_private_dir(path: &std::path::Path) -> std::io::Result<()> {

@@ -19,6 +19,8 @@ fn start(dir: &Path, extra: &[&str]) -> Child {
         .arg("--state-dir")
         .arg(dir.join("state"))
         .args(["--admin-addr", "127.0.0.1:0"])
+        .arg("--handover-socket")
+        .arg(dir.join("handover.sock"))
         .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())

@@ -124,10 +124,33 @@ pub struct MeshConn {
     pub peer_id: Arc<str>,
 }
 
+/// Why a request on a pooled mesh connection failed.
+pub enum SendError {
+    /// The connection was closing (its peer sent GOAWAY: a proxy handing over, a pod leaving)
+    /// before the request went out: it may be sent again on a new connection.
+    NotSent(Box<Request<Body>>, hyper::Error),
+    Failed(hyper::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (SendError::NotSent(_, e) | SendError::Failed(e)) = self;
+        f.write_str(&aether_cni::error_chain(e))
+    }
+}
+
 impl MeshConn {
-    pub async fn send(&mut self, request: Request<Body>) -> hyper::Result<Response<Incoming>> {
-        self.send.ready().await?;
-        self.send.send_request(request).await
+    pub async fn send(&mut self, request: Request<Body>) -> Result<Response<Incoming>, SendError> {
+        if let Err(e) = self.send.ready().await {
+            return Err(SendError::NotSent(Box::new(request), e));
+        }
+        self.send
+            .try_send_request(request)
+            .await
+            .map_err(|mut e| match e.take_message() {
+                Some(request) => SendError::NotSent(Box::new(request), e.into_error()),
+                None => SendError::Failed(e.into_error()),
+            })
     }
 }
 
@@ -183,13 +206,15 @@ impl PodClients {
 
     /// The pooled connection for `source`'s pods to `to`, or a new one presenting `source`'s
     /// SVID; `Fresh` tells a new connection (a TLS handshake happened) from a reused one.
+    /// With `reuse` false, a new connection replaces the pooled one (which is closing).
     pub async fn mesh(
         &self,
         source: &ServiceAccount,
         certs: &Certs,
         to: SocketAddr,
+        reuse: bool,
     ) -> Result<(MeshConn, Fresh), ClientError> {
-        if let Some(conn) = self.pooled(source, to) {
+        if reuse && let Some(conn) = self.pooled(source, to) {
             return Ok((conn, Fresh(false)));
         }
         if !certs.wait_for(source, FIRST_SVID_WAIT).await {

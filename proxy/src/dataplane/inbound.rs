@@ -19,7 +19,7 @@ use super::clients::{CONNECT_TIMEOUT, PodClients};
 use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh, probe};
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
-use crate::listeners::PodInfo;
+use crate::listeners::{Drain, PodInfo};
 use crate::mesh::Snapshot;
 use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
@@ -28,7 +28,13 @@ use aether_cni::protocol::PodRef;
 /// Bounds the TLS handshake of a connecting peer.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
+pub async fn serve(
+    plane: Arc<DataPlane>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    pod: Arc<PodInfo>,
+    mut drain: Drain,
+) {
     let Some(mesh) = plane.mesh.clone() else {
         return;
     };
@@ -92,11 +98,20 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         let app = app.clone();
         async move { Ok::<_, std::convert::Infallible>(app.handle(request).await) }
     });
-    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+    let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .max_header_list_size(h::MESH_HEADER_LIST)
-        .serve_connection(TokioIo::new(tls), service)
-        .await;
+        .serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(connection);
+    // A stopped listener (the proxy hands over, the pod leaves) sends GOAWAY: the peer's
+    // streams finish here and its next requests open a connection to whoever listens now.
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        () = drain.started() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
     if let Err(e) = served {
         debug!(%peer, error = %e, "inbound mesh connection ended with an error");
     }

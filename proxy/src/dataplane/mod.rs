@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use crate::balancer::Balancer;
 use crate::identity::ServiceAccount;
 use crate::identity::tls::Certs;
-use crate::listeners::{Handler, Limit, PodInfo, Role};
+use crate::listeners::{Drain, Handler, Limit, PodInfo, Role};
 use crate::mesh::Snapshot;
 use crate::metrics::Metrics;
 use crate::probes::Probes;
@@ -201,13 +201,14 @@ impl Handler for DataPlane {
         stream: TcpStream,
         peer: SocketAddr,
         pod: Arc<PodInfo>,
+        drain: Drain,
     ) -> BoxFuture<'static, ()> {
         match role {
             Role::Capture => {
                 self.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                outbound::serve(self, stream, peer, pod).boxed()
+                outbound::serve(self, stream, peer, pod, drain).boxed()
             }
-            Role::Inbound => inbound::serve(self, stream, peer, pod).boxed(),
+            Role::Inbound => inbound::serve(self, stream, peer, pod, drain).boxed(),
         }
     }
 

@@ -23,14 +23,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use super::clients::{CONNECT_TIMEOUT, ClientError, MeshConn, PodClients};
+use super::clients::{CONNECT_TIMEOUT, ClientError, MeshConn, PodClients, SendError};
 use super::http::{
     self as h, Body, Carried, FORWARD_HEADER, absolute_uri, answer, authority, forward_value,
     strip_hop_by_hop,
 };
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
 use crate::identity::ServiceAccount;
-use crate::listeners::PodInfo;
+use crate::listeners::{Drain, PodInfo};
 use crate::mesh::{ServiceKey, Snapshot};
 use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
@@ -43,7 +43,13 @@ const MIRROR_BODY_LIMIT: usize = 1 << 20;
 /// protocol whose server speaks first.
 const SNIFF_WAIT: Duration = Duration::from_millis(300);
 
-pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, pod: Arc<PodInfo>) {
+pub async fn serve(
+    plane: Arc<DataPlane>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    pod: Arc<PodInfo>,
+    drain: Drain,
+) {
     let listener = match stream.local_addr() {
         Ok(addr) => addr,
         Err(e) => return plane.refuse(&pod, peer, format!("no local address: {e}")),
@@ -97,7 +103,7 @@ pub async fn serve(plane: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr, p
         port: original.port(),
     };
     if protocol == PortProtocol::Http {
-        serve_http(conn, stream).await;
+        serve_http(conn, stream, drain).await;
     } else {
         conn.serve_opaque(stream).await;
     }
@@ -253,16 +259,32 @@ struct Connection {
     port: u16,
 }
 
-async fn serve_http(conn: Connection, stream: TcpStream) {
+async fn serve_http(conn: Connection, stream: TcpStream, mut drain: Drain) {
     let conn = Arc::new(conn);
+    let (first, mut first_seen) = tokio::sync::watch::channel(false);
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let conn = conn.clone();
+        first.send_if_modified(|seen| !std::mem::replace(seen, true));
         async move { Ok::<_, std::convert::Infallible>(conn.handle(request).await) }
     });
-    if let Err(e) = h::plaintext_server()
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-        .await
-    {
+    let server = h::plaintext_server();
+    let connection = server.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    // A stopped listener: the request under way finishes with `Connection: close` (or
+    // GOAWAY), an idle connection closes, and the app's next request opens a new one. A
+    // connection that has not yet had its first request (accepted as the listener stopped)
+    // gets it served first: its client sent it to this connection, and cannot send it again.
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        () = async {
+            drain.started().await;
+            let _ = first_seen.wait_for(|seen| *seen).await;
+        } => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = served {
         debug!(error = %e, "captured HTTP connection ended with an error");
     }
 }
@@ -542,7 +564,6 @@ impl Connection {
         body: Body,
         host: &str,
     ) -> Result<Response<Incoming>, String> {
-        let mut conn = self.mesh_conn(snapshot, service, endpoint).await?;
         parts.headers.insert(
             FORWARD_HEADER,
             forward_value(endpoint.port(), Carried::of_version(parts.version)),
@@ -550,9 +571,13 @@ impl Connection {
         parts.uri = absolute_uri(host, std::mem::take(&mut parts.uri))
             .map_err(|e| format!("request authority {host:?}: {e}"))?;
         parts.version = Version::HTTP_2;
-        conn.send(Request::from_parts(parts, body))
-            .await
-            .map_err(|e| aether_cni::error_chain(&e))
+        self.mesh_send(
+            snapshot,
+            service,
+            endpoint,
+            Request::from_parts(parts, body),
+        )
+        .await
     }
 
     /// The client's switch, to an unmeshed endpoint: the request as the client sent it, and
@@ -606,7 +631,6 @@ impl Connection {
         parts: ::http::request::Parts,
         switch: Switch,
     ) -> Result<Response<Body>, String> {
-        let mut conn = self.mesh_conn(snapshot, service, endpoint).await?;
         let mut request = Request::new(h::full(Bytes::new()));
         *request.method_mut() = Method::CONNECT;
         *request.uri_mut() = endpoint
@@ -636,10 +660,7 @@ impl Connection {
             h::PATH_HEADER,
             HeaderValue::from_str(&target).map_err(|e| format!("target {target:?}: {e}"))?,
         );
-        let mut response = conn
-            .send(request)
-            .await
-            .map_err(|e| aether_cni::error_chain(&e))?;
+        let mut response = self.mesh_send(snapshot, service, endpoint, request).await?;
         let switched = response.headers_mut().remove(h::UPGRADE_HEADER);
         let upgrade = match (&switch.asked, switched, response.status()) {
             (_, _, status) if status != StatusCode::OK => return Ok(response.map(h::incoming)),
@@ -664,18 +685,44 @@ impl Connection {
         Ok(Response::from_parts(head, h::full(Bytes::new())))
     }
 
-    /// A pooled mTLS connection to `endpoint`'s proxy, whose peer proved one of `service`'s
-    /// identities.
+    /// Sends `request` to `endpoint`'s proxy on the pooled mTLS connection, or on a new one
+    /// when the pooled one was closing before the request went out.
+    async fn mesh_send(
+        &self,
+        snapshot: &Snapshot,
+        service: &ServiceKey,
+        endpoint: SocketAddr,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, String> {
+        let mut conn = self.mesh_conn(snapshot, service, endpoint, true).await?;
+        match conn.send(request).await {
+            Ok(response) => Ok(response),
+            Err(SendError::NotSent(request, error)) => {
+                debug!(pod = %self.pod.pod, %endpoint, error = %aether_cni::error_chain(&error), "the pooled mesh connection was closing; sending on a new one");
+                let mut conn = self.mesh_conn(snapshot, service, endpoint, false).await?;
+                conn.send(*request).await.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A pooled mTLS connection to `endpoint`'s proxy (a new one unless `reuse`), whose peer
+    /// proved one of `service`'s identities.
     async fn mesh_conn(
         &self,
         snapshot: &Snapshot,
         service: &ServiceKey,
         endpoint: SocketAddr,
+        reuse: bool,
     ) -> Result<MeshConn, String> {
         let mesh = &self.mesh;
         let source = self.source()?;
         let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
-        let conn = match self.clients.mesh(source, &mesh.certs, peer_addr).await {
+        let conn = match self
+            .clients
+            .mesh(source, &mesh.certs, peer_addr, reuse)
+            .await
+        {
             Ok((conn, fresh)) => {
                 // Only a new connection had a handshake; most requests reuse one.
                 if fresh.0 {
@@ -745,7 +792,6 @@ impl Connection {
         snapshot: &Snapshot,
         endpoint: SocketAddr,
     ) -> Result<Box<dyn Io>, String> {
-        let mut conn = self.mesh_conn(snapshot, &self.target, endpoint).await?;
         let mut request = Request::new(h::full(Bytes::new()));
         *request.method_mut() = Method::CONNECT;
         *request.uri_mut() = endpoint
@@ -756,10 +802,9 @@ impl Connection {
         request
             .headers_mut()
             .insert(FORWARD_HEADER, forward_value(endpoint.port(), Carried::Tcp));
-        let response = conn
-            .send(request)
-            .await
-            .map_err(|e| aether_cni::error_chain(&e))?;
+        let response = self
+            .mesh_send(snapshot, &self.target, endpoint, request)
+            .await?;
         if response.status() != StatusCode::OK {
             return Err(format!(
                 "endpoint {endpoint} refused the tunnel: {}",

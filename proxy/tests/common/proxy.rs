@@ -102,6 +102,7 @@ impl TestProxy {
             node_netns: None,
             nft: Nft::default(),
             limits,
+            inherited: Vec::new(),
         };
         let agent = Arc::new(
             Agent::start(
@@ -121,6 +122,7 @@ impl TestProxy {
         let (stop, stopped) = oneshot::channel();
         let server = runtime.spawn(cni_server::serve(bound, agent.clone(), async {
             let _ = stopped.await;
+            cni_server::Stop::Remove
         }));
         TestProxy {
             agent,

@@ -160,6 +160,7 @@ fn every_image_comes_from_the_registry_value() -> Result<()> {
     for (image, want) in [
         (container(proxy, "initContainers", "install-cni")?, "cni"),
         (container(proxy, "containers", "proxy")?, "proxy"),
+        (container(proxy, "containers", "holder")?, "proxy"),
         (container(operator, "containers", "operator")?, "operator"),
     ] {
         assert_eq!(
@@ -271,7 +272,8 @@ fn the_init_container_chains_aether_cni_into_the_node_config() -> Result<()> {
 #[test]
 fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
     let objects = render(&[])?;
-    let pod = &find(&objects, "DaemonSet", "aether-proxy")?["spec"]["template"]["spec"];
+    let daemonset = find(&objects, "DaemonSet", "aether-proxy")?;
+    let pod = &daemonset["spec"]["template"]["spec"];
     let proxy = container(pod, "containers", "proxy")?;
     assert_eq!(proxy["image"], "localhost/aether/proxy:0.1.0");
     let argv: Vec<&str> = strings(&proxy["command"])
@@ -280,7 +282,7 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         .collect();
     let expected = "aether-proxy run --node $(NODE_NAME) --cni-socket /var/run/aether/cni.sock \
         --state-dir /var/lib/aether/proxy --capture-port 15001 --inbound-port 15008 \
-        --admin-addr $(HOST_IP):15020 --namespace mesh-test --daemonset aether-proxy \
+        --admin-addr $(HOST_IP):15020 --holder-socket /var/run/aether-holder/holder.sock --namespace mesh-test --daemonset aether-proxy \
         --uninstall-marker aether-uninstalling --trust-domain cluster.local --ca-address aether-operator.mesh-test.svc:8443 \
         --token-file /var/run/secrets/aether/token --worker-threads 1";
     assert_eq!(argv.join(" "), expected);
@@ -313,6 +315,21 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         json!({"runAsUser": 0, "readOnlyRootFilesystem": true,
             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}})
     );
+    // The holder shares the proxy's sockets through its pod's own memory, and nothing else.
+    let holder = container(pod, "containers", "holder")?;
+    assert_eq!(
+        strings(&holder["args"]),
+        ["hold", "--socket", "/var/run/aether-holder/holder.sock"]
+    );
+    assert_eq!(
+        holder["securityContext"],
+        json!({"runAsUser": 0, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]}})
+    );
+    assert_eq!(
+        holder["volumeMounts"],
+        json!([{"name": "holder", "mountPath": "/var/run/aether-holder"}])
+    );
     let install = container(pod, "initContainers", "install-cni")?;
     assert_eq!(
         install["securityContext"],
@@ -323,13 +340,16 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         pod["securityContext"]["seccompProfile"]["type"],
         "RuntimeDefault"
     );
+    // The new proxy of a node starts beside the old one, and takes its sockets over: no
+    // host port may stand in its way.
+    assert!(proxy["ports"].is_null(), "ports: {}", proxy["ports"]);
     assert_eq!(
-        proxy["ports"],
-        json!([{"name": "metrics", "containerPort": 15020}])
+        daemonset["spec"]["updateStrategy"]["rollingUpdate"],
+        json!({"maxSurge": 1, "maxUnavailable": 0})
     );
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         assert_eq!(proxy[probe]["httpGet"]["path"], path);
-        assert_eq!(proxy[probe]["httpGet"]["port"], "metrics");
+        assert_eq!(proxy[probe]["httpGet"]["port"], 15020);
     }
 
     let token = pod["volumes"]
