@@ -80,13 +80,27 @@ pub struct ClusterView {
     pub changed: Arc<Notify>,
 }
 
+/// The annotation `kubectl apply` keeps the whole manifest in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 fn watch<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+    // Every Service and EndpointSlice of the cluster is cached: what the proxy never reads
+    // (field managers, the last applied manifest) would be most of their memory.
+    let trimmed = watcher(api, config)
+        .default_backoff()
+        .modify(|object: &mut K| {
+            let meta = object.meta_mut();
+            meta.managed_fields = None;
+            if let Some(annotations) = meta.annotations.as_mut() {
+                annotations.remove(LAST_APPLIED);
+            }
+        });
+    let stream = reflector::reflector(writer, trimmed);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {

@@ -262,15 +262,9 @@ fn hold(socket: &Path) -> ExitCode {
                 .enable_all()
                 .build()
                 .context("cannot start a runtime for the holder's signals")?;
-            runtime.block_on(async {
-                let mut terminate = signal(SignalKind::terminate())?;
-                let mut interrupt = signal(SignalKind::interrupt())?;
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = interrupt.recv() => {}
-                }
-                anyhow::Ok(())
-            })
+            runtime
+                .block_on(until_stopped())
+                .context("the holder's signal handlers")
         });
     match stopped {
         Ok(()) => ExitCode::SUCCESS,
@@ -279,6 +273,17 @@ fn hold(socket: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Completes at SIGTERM or SIGINT.
+async fn until_stopped() -> std::io::Result<()> {
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    Ok(())
 }
 
 /// Every captured connection holds two descriptors, and every pod's listeners a few more: the
@@ -372,14 +377,22 @@ async fn run(
     // Its one receiver is the admin task's, absent while a successor holds the admin socket:
     // readiness changes go in with `send_replace`, which keeps them even then.
     let (ready, _) = watch::channel(Err("starting".to_string()));
-    let (mut successor, mut admin) = find_predecessor(&args.handover_socket).await;
-    let mut given = Given::default();
-    if successor.is_none()
-        && let Some(path) = &args.holder_socket
-    {
-        given = take_held(path).await;
-        admin = given.admin.take();
+    // A proxy of this pod that crashed left its sockets with the holder; only without them is
+    // a predecessor in another pod asked for its own (a rolling update).
+    let mut given = match &args.holder_socket {
+        Some(path) => take_held(path).await,
+        None => Given::default(),
+    };
+    if given.superseded {
+        // Taking a successor's sockets back would leave them to a pod being deleted.
+        info!("this pod's proxy handed its sockets to another pod's; waiting for SIGTERM");
+        until_stopped().await.context("SIGTERM handler")?;
+        return Ok(());
     }
+    let (mut successor, admin) = match given.admin.take() {
+        Some(admin) => (None, Some(admin)),
+        None => find_predecessor(&args.handover_socket).await,
+    };
     let admin = match admin {
         Some(fd) => inherit_admin(fd, args.admin_addr)?,
         None => std::net::TcpListener::bind(args.admin_addr)
@@ -661,10 +674,7 @@ async fn run(
         // Exiting would have the kubelet start this container again, and take the sockets
         // back: the pod waits for its deletion instead.
         info!("handed over to the successor and drained; waiting for SIGTERM");
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
-        }
+        until_stopped().await.context("SIGTERM handler")?;
         info!("stopped");
         return Ok(());
     }

@@ -41,6 +41,8 @@ pub struct Holder {
     listener: OwnedFd,
     path: PathBuf,
     held: Vec<Socket>,
+    /// The proxy handed its sockets to a successor in another pod.
+    superseded: bool,
 }
 
 impl Holder {
@@ -49,6 +51,7 @@ impl Holder {
             listener: bind_private(path)?,
             path: path.to_owned(),
             held: Vec::new(),
+            superseded: false,
         })
     }
 
@@ -80,7 +83,7 @@ impl Holder {
             match message {
                 ToHolder::Ask(Ask::Held) => {
                     let labels: Vec<_> = self.held.iter().map(Socket::label).collect();
-                    send_labelled(conn, &labels).map_err(io_error)?;
+                    send_labelled(conn, &labels, self.superseded).map_err(io_error)?;
                     info!(
                         sockets = labels.len(),
                         "gave the proxy the sockets kept for it"
@@ -92,10 +95,12 @@ impl Holder {
                     );
                 }
                 ToHolder::Keep(batch) => {
-                    let more = batch.more;
-                    pending.extend(labelled(batch, fds).map_err(|e| self.message_error(e))?);
-                    if !more {
+                    let sockets =
+                        labelled(batch.sockets, fds).map_err(|e| self.message_error(e))?;
+                    pending.extend(sockets);
+                    if !batch.more {
                         self.held = std::mem::take(&mut pending);
+                        self.superseded = batch.superseded;
                         debug!(sockets = self.held.len(), "keeping the proxy's sockets");
                     }
                 }
@@ -140,15 +145,16 @@ impl Keeper {
             };
             (label, fd)
         }));
-        self.send(&labels);
+        self.send(&labels, false);
     }
 
-    /// Has the holder keep nothing: a successor owns the sockets now.
+    /// Has the holder keep nothing, and tell a proxy restarted in this pod that a successor
+    /// in another pod owns the sockets now.
     pub fn release(&self) {
-        self.send(&[]);
+        self.send(&[], true);
     }
 
-    fn send(&self, labels: &[(Label, BorrowedFd<'_>)]) {
+    fn send(&self, labels: &[(Label, BorrowedFd<'_>)], superseded: bool) {
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if conn.is_none() {
             *conn = match self.dial() {
@@ -162,7 +168,7 @@ impl Keeper {
         let Some(socket) = conn.as_ref() else {
             return;
         };
-        if let Err(error) = send_labelled(socket, labels) {
+        if let Err(error) = send_labelled(socket, labels, superseded) {
             warn!(%error, socket = %self.path.display(), "the socket holder did not take the proxy's sockets");
             *conn = None;
         }
@@ -239,6 +245,13 @@ mod tests {
         let mut hello = [0u8; 5];
         accepted.read_exact(&mut hello).unwrap();
         assert_eq!(&hello, b"hello");
+
+        // Once its proxy handed over to another pod's, the holder keeps nothing and says so.
+        let keeper = Keeper::new(path.clone(), listen().into(), listen().into());
+        keeper.release();
+        drop(keeper);
+        let given = Successor::take_held(&path).unwrap().unwrap();
+        assert!(given.superseded && given.pods.is_empty() && given.admin.is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

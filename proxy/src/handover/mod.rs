@@ -71,6 +71,10 @@ enum Label {
 struct Batch {
     sockets: Vec<Label>,
     more: bool,
+    /// From a holder: its proxy handed the sockets to a successor in another pod, so a proxy
+    /// restarted in this pod must not take them back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    superseded: bool,
 }
 
 /// A socket to hand over.
@@ -111,6 +115,8 @@ pub struct Given {
     pub admin: Option<OwnedFd>,
     pub cni: Option<OwnedFd>,
     pub pods: Vec<PodSocket>,
+    /// The holder's proxy handed its sockets to a successor (see [`holder`]).
+    pub superseded: bool,
 }
 
 impl Given {
@@ -191,9 +197,10 @@ impl Successor {
     fn receive_all(&self) -> Result<Given, HandoverError> {
         let mut given = Given::default();
         loop {
-            let (sockets, more) = self.receive()?;
+            let (sockets, batch) = self.receive()?;
             sockets.into_iter().for_each(|socket| given.add(socket));
-            if !more {
+            given.superseded |= batch.superseded;
+            if !batch.more {
                 return Ok(given);
             }
         }
@@ -207,18 +214,19 @@ impl Successor {
         send(&self.socket, &json, &[]).map_err(|source| io_error(&self.path, source))
     }
 
-    fn receive(&self) -> Result<(Vec<Socket>, bool), HandoverError> {
+    /// A batch's sockets, and the batch with its labels taken.
+    fn receive(&self) -> Result<(Vec<Socket>, Batch), HandoverError> {
         let (bytes, fds) = receive(&self.socket).map_err(|source| io_error(&self.path, source))?;
         if bytes.is_empty() {
             return Err(HandoverError::Closed {
                 path: self.path.clone(),
             });
         }
-        let batch: Batch =
+        let mut batch: Batch =
             serde_json::from_slice(&bytes).map_err(|e| self.message_error(e.to_string()))?;
-        let more = batch.more;
-        let sockets = labelled(batch, fds).map_err(|why| self.message_error(why))?;
-        Ok((sockets, more))
+        let labels = std::mem::take(&mut batch.sockets);
+        let sockets = labelled(labels, fds).map_err(|why| self.message_error(why))?;
+        Ok((sockets, batch))
     }
 
     fn message_error(&self, why: impl Into<String>) -> HandoverError {
@@ -344,6 +352,7 @@ enum Served {
 /// The messages carrying `sockets`, [`BATCH`] at a time; an empty list is one empty message.
 fn batches<'a>(
     sockets: &'a [(Label, BorrowedFd<'a>)],
+    superseded: bool,
 ) -> impl Iterator<Item = (Batch, Vec<BorrowedFd<'a>>)> {
     let chunks = sockets.len().div_ceil(BATCH).max(1);
     (0..chunks).map(move |i| {
@@ -352,22 +361,22 @@ fn batches<'a>(
         let batch = Batch {
             sockets: labels,
             more: i + 1 < chunks,
+            superseded,
         };
         (batch, fds)
     })
 }
 
 /// A received batch's sockets: as many descriptors as labels, each one labelled.
-fn labelled(batch: Batch, fds: Vec<OwnedFd>) -> Result<Vec<Socket>, String> {
-    if batch.sockets.len() != fds.len() {
+fn labelled(labels: Vec<Label>, fds: Vec<OwnedFd>) -> Result<Vec<Socket>, String> {
+    if labels.len() != fds.len() {
         return Err(format!(
             "{} sockets described, {} received",
-            batch.sockets.len(),
+            labels.len(),
             fds.len()
         ));
     }
-    Ok(batch
-        .sockets
+    Ok(labels
         .into_iter()
         .zip(fds)
         .map(|(label, fd)| Socket::labelled(label, fd))
@@ -376,11 +385,15 @@ fn labelled(batch: Batch, fds: Vec<OwnedFd>) -> Result<Vec<Socket>, String> {
 
 fn send_sockets(conn: &OwnedFd, sockets: &[Socket]) -> Result<(), Errno> {
     let labels: Vec<_> = sockets.iter().map(Socket::label).collect();
-    send_labelled(conn, &labels)
+    send_labelled(conn, &labels, false)
 }
 
-fn send_labelled(conn: &OwnedFd, sockets: &[(Label, BorrowedFd<'_>)]) -> Result<(), Errno> {
-    for (batch, fds) in batches(sockets) {
+fn send_labelled(
+    conn: &OwnedFd,
+    sockets: &[(Label, BorrowedFd<'_>)],
+    superseded: bool,
+) -> Result<(), Errno> {
+    for (batch, fds) in batches(sockets, superseded) {
         let json = serde_json::to_vec(&batch).map_err(|_| Errno::EINVAL)?;
         send(conn, &json, &fds)?;
     }
@@ -530,13 +543,13 @@ mod tests {
     fn sockets_go_in_batches_and_the_last_says_so() {
         let sockets: Vec<Socket> = (0..BATCH + 1).map(|i| pod_socket(&i.to_string())).collect();
         let labels: Vec<_> = sockets.iter().map(Socket::label).collect();
-        let sent: Vec<_> = batches(&labels).collect();
+        let sent: Vec<_> = batches(&labels, false).collect();
         assert_eq!(sent.len(), 2);
         assert_eq!(sent[0].0.sockets.len(), BATCH);
         assert!(sent[0].0.more);
         assert_eq!(sent[1].1.len(), 1);
         assert!(!sent[1].0.more);
-        let none: Vec<_> = batches(&[]).collect();
+        let none: Vec<_> = batches(&[], false).collect();
         assert_eq!(none.len(), 1, "nothing to hand over is still an answer");
         assert!(none[0].0.sockets.is_empty() && !none[0].0.more);
     }
@@ -546,15 +559,16 @@ mod tests {
         let fd: OwnedFd = TcpListener::bind("127.0.0.1:0").unwrap().into();
         let batch = |json: &str| serde_json::from_str::<Batch>(json).unwrap();
         let two = batch(r#"{"sockets":["cni","admin"],"more":false}"#);
+        assert!(!two.superseded, "not said, not superseded");
         assert!(
-            labelled(two, vec![fd])
+            labelled(two.sockets, vec![fd])
                 .unwrap_err()
                 .contains("2 sockets described, 1")
         );
         let pod =
             batch(r#"{"sockets":[{"pod":{"key":"c1","addr":"127.0.0.1:15001"}}],"more":true}"#);
         let fd: OwnedFd = TcpListener::bind("127.0.0.1:0").unwrap().into();
-        let sockets = labelled(pod, vec![fd]).unwrap();
+        let sockets = labelled(pod.sockets, vec![fd]).unwrap();
         assert!(matches!(&sockets[..], [Socket::Pod(p)] if p.key == "c1"));
     }
 

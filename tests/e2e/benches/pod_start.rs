@@ -19,9 +19,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use aether_e2e::mesh::{ECHO_IMAGE, PROXY_PODS, install, uninstall};
+use aether_e2e::mesh::{ECHO_IMAGE, install, proxy_rss, uninstall};
 use aether_e2e::{Cluster, is_ready};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -146,33 +146,6 @@ fn median_add(times: &AddTimes, plugins: &[&str], namespace: &str) -> Duration {
     quantile(&sorted, 0.5)
 }
 
-/// The node proxies' resident memory, by node, in KiB (read from /proc: the nodes share this
-/// machine's PID namespace).
-async fn proxy_rss(cluster: &Cluster) -> Result<Vec<u64>> {
-    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), "aether-system");
-    let proxies = api
-        .list(&ListParams::default().labels(PROXY_PODS))
-        .await?
-        .items;
-    let mut rss = Vec::new();
-    for node in NODES {
-        let pod = proxies
-            .iter()
-            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .with_context(|| format!("no proxy on {node}"))?;
-        let pid = cluster.container_pid(pod, "proxy")?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        rss.push(
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .context("no VmRSS")?,
-        );
-    }
-    Ok(rss)
-}
-
 fn installed(cluster: &Cluster) -> bool {
     cluster
         .kubectl(&[
@@ -234,13 +207,13 @@ async fn main() -> Result<()> {
             start_one(&unmanaged, &format!("warm-{round}-{i}")).await?;
             start_one(&managed, &format!("warm-{round}-{i}")).await?;
         }
-        before = proxy_rss(&cluster).await?;
+        before = proxy_rss(&cluster, &NODES).await?;
         for i in 0..PODS {
             with_unmanaged.push(start_one(&unmanaged, &format!("bench-{round}-{i}")).await?);
             with_managed.push(start_one(&managed, &format!("bench-{round}-{i}")).await?);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-        after = proxy_rss(&cluster).await?;
+        after = proxy_rss(&cluster, &NODES).await?;
         placed.clear();
         let prefix = format!("bench-{round}-");
         for pod in managed.list(&ListParams::default()).await?.items {

@@ -290,3 +290,30 @@ pub fn proxy_pod_field(cluster: &Cluster, node: &str, field: &str) -> Result<Str
     }
     Ok(value.trim().to_owned())
 }
+
+/// The resident memory of `nodes`' proxies, in KiB, in that order (read from /proc: the nodes
+/// share this machine's PID namespace).
+pub async fn proxy_rss(cluster: &Cluster, nodes: &[&str]) -> Result<Vec<u64>> {
+    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), "aether-system");
+    let proxies = api
+        .list(&ListParams::default().labels(PROXY_PODS))
+        .await?
+        .items;
+    let mut rss = Vec::new();
+    for node in nodes {
+        let pod = proxies
+            .iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node))
+            .with_context(|| format!("no proxy on {node}"))?;
+        let pid = cluster.container_pid(pod, "proxy")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        rss.push(
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .context("no VmRSS")?,
+        );
+    }
+    Ok(rss)
+}
