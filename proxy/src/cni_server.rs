@@ -90,13 +90,7 @@ pub fn bind(path: &Path) -> Result<CniSocket, ServerError> {
     }
     let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_error)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
-    let meta = std::fs::metadata(path).map_err(bind_error)?;
-    listener.set_nonblocking(true).map_err(bind_error)?;
-    Ok(CniSocket {
-        listener: UnixListener::from_std(listener).map_err(bind_error)?,
-        path: path.to_owned(),
-        inode: (meta.dev(), meta.ino()),
-    })
+    CniSocket::serving(listener, path)
 }
 
 impl CniSocket {
@@ -114,6 +108,18 @@ impl CniSocket {
                 format!("the handed-over CNI socket is bound to {bound:?}"),
             )));
         }
+        CniSocket::serving(listener, path)
+    }
+
+    /// `listener`, bound at `path`, ready for the runtime; the file's identity is noted.
+    fn serving(
+        listener: std::os::unix::net::UnixListener,
+        path: &Path,
+    ) -> Result<CniSocket, ServerError> {
+        let bind_error = |source| ServerError::Bind {
+            path: path.to_owned(),
+            source,
+        };
         let meta = std::fs::metadata(path).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         Ok(CniSocket {
