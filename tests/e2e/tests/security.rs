@@ -506,30 +506,45 @@ async fn a_socket_mark_does_not_escape_capture(cluster: &Cluster) -> Result<()> 
 fn the_proxy_holds_two_capabilities_under_seccomp(cluster: &Cluster) -> Result<()> {
     // CAP_NET_ADMIN is bit 12, CAP_SYS_ADMIN bit 21.
     const CAPS: &str = "0000000000201000";
+    const NONE: &str = "0000000000000000";
     for node in ["node-1", "node-2"] {
         let shell = aether_e2e::node::shell(cluster, node)?;
-        // The host's procfs: the shell has its own PID namespace, the node's root has not.
+        // The host's procfs: the shell has its own PID namespace, the node's root has not. Each
+        // process says first what it runs: `run` (the proxy) or `hold` (its socket holder).
         let script = "for d in /host/proc/[0-9]*; do \
             [ \"$(cat $d/comm 2>/dev/null)\" = aether-proxy ] && \
+            echo \"Role: $(tr '\\000' ' ' < $d/cmdline | cut -d' ' -f2)\" && \
             grep -E '^(CapEff|CapBnd|Seccomp):' $d/status | tr -s '\t' ' '; done";
         let output = cluster.exec(&shell, "shell", &["sh", "-c", script])?;
         let status = String::from_utf8_lossy(&output.stdout);
         let lines: Vec<&str> = status.lines().collect();
-        // Every proxy on the machine (both nodes' share its kernel): at least one, each the same.
-        let expected = [
-            format!("CapEff: {CAPS}"),
-            format!("CapBnd: {CAPS}"),
-            "Seccomp: 2".into(),
-        ];
-        if lines.is_empty() || lines.chunks(3).any(|proc| proc != expected) {
+        let expected = |caps: &str| {
+            [
+                format!("CapEff: {caps}"),
+                format!("CapBnd: {caps}"),
+                "Seccomp: 2".to_string(),
+            ]
+        };
+        // Every proxy and holder on the machine (both nodes' share its kernel): at least one
+        // proxy, each with exactly its two capabilities; a holder with none at all.
+        let mut proxies = 0;
+        let as_expected = lines.chunks(4).all(|process| match process {
+            [role, rest @ ..] if *role == "Role: run" => {
+                proxies += 1;
+                rest == expected(CAPS)
+            }
+            [role, rest @ ..] if *role == "Role: hold" => rest == expected(NONE),
+            _ => false,
+        });
+        if proxies == 0 || !as_expected {
             bail!(
-                "the proxy processes seen from {node} do not hold exactly NET_ADMIN and SYS_ADMIN under seccomp: {status}{}",
+                "the proxy processes seen from {node} do not hold exactly NET_ADMIN and SYS_ADMIN (their holders none) under seccomp: {status}{}",
                 String::from_utf8_lossy(&output.stderr)
             );
         }
     }
     eprintln!(
-        "every proxy process holds CAP_NET_ADMIN and CAP_SYS_ADMIN only, under a seccomp filter"
+        "every proxy process holds CAP_NET_ADMIN and CAP_SYS_ADMIN only, every socket holder none, under a seccomp filter"
     );
     Ok(())
 }
