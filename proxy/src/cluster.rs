@@ -3,11 +3,13 @@
 //! node's readiness taint and drift repairs.
 //!
 //! Everything read here is cached: if the API server goes away, the proxy keeps serving the
-//! last snapshot it built.
+//! last snapshot it built, and a proxy restarted meanwhile serves the caches the last run saved
+//! ([`crate::watch_cache`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -16,17 +18,15 @@ use aether_cni::protocol::PodRef;
 use aether_crds::NodeConfig;
 use aether_crds::node_config::NodeConfigStatus;
 use aether_crds::well_known::AGENT_NOT_READY_TAINT;
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
@@ -41,6 +41,7 @@ use crate::metrics::Metrics;
 use crate::node_pods::NodePods;
 use crate::pod_view::{Labels, PodView, ViewError};
 use crate::probes::Probes;
+use crate::watch_cache::{self, SavedCache};
 
 /// Changes arriving together are applied together.
 const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -80,86 +81,78 @@ pub struct ClusterView {
     pub changed: Arc<Notify>,
 }
 
-/// The annotation `kubectl apply` keeps the whole manifest in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-fn watch<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, writer) = reflector::store();
-    // Every Service and EndpointSlice of the cluster is cached: what the proxy never reads
-    // (field managers, the last applied manifest) would be most of their memory.
-    let trimmed = watcher(api, config)
-        .default_backoff()
-        .modify(|object: &mut K| {
-            let meta = object.meta_mut();
-            meta.managed_fields = None;
-            if let Some(annotations) = meta.annotations.as_mut() {
-                annotations.remove(LAST_APPLIED);
-            }
-        });
-    let stream = reflector::reflector(writer, trimmed);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(error) = event {
-                warn!(kind = std::any::type_name::<K>(), error = %error, "watch failed; serving the last known state and retrying");
-            }
-            changed.notify_one();
-        }
-    });
-    store
-}
-
 impl ClusterView {
-    /// Starts the watches; `pods` is fed by [`crate::node_pods::feed`].
+    /// Starts the watches, each saved in `state_dir`; `pods` is fed by
+    /// [`crate::node_pods::feed`].
     pub fn start(
         client: &kube::Client,
         node: &str,
         install: Install,
-        last_config: LastConfig,
+        state_dir: &Path,
         pods: Arc<NodePods>,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
+        let saved = |name| SavedCache::new(state_dir, name);
         let all = watcher::Config::default;
         let by_name =
             |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
         Arc::new(ClusterView {
-            namespaces: watch(Api::all(client.clone()), all(), changed.clone()),
+            namespaces: watch_cache::watch(
+                Api::all(client.clone()),
+                all(),
+                changed.clone(),
+                saved("namespaces"),
+            ),
             pods,
-            services: watch(Api::all(client.clone()), all(), changed.clone()),
-            slices: watch(Api::all(client.clone()), all(), changed.clone()),
-            node_configs: watch(Api::all(client.clone()), by_name(node), changed.clone()),
-            bundles: watch(
+            services: watch_cache::watch(
+                Api::all(client.clone()),
+                all(),
+                changed.clone(),
+                saved("services"),
+            ),
+            slices: watch_cache::watch(
+                Api::all(client.clone()),
+                all(),
+                changed.clone(),
+                saved("endpointslices"),
+            ),
+            node_configs: watch_cache::watch(
+                Api::all(client.clone()),
+                by_name(node),
+                changed.clone(),
+                saved("nodeconfig"),
+            ),
+            bundles: watch_cache::watch(
                 Api::namespaced(client.clone(), &install.namespace),
                 by_name(&install.bundle),
                 changed.clone(),
+                saved("trust-bundle"),
             ),
             // Watches keep delivering after an uninstall deleted the proxy's RBAC and
             // ServiceAccount, so the marker and the DaemonSet's deletion are seen even when a
             // fresh GET would be refused.
-            markers: watch(
+            markers: watch_cache::watch(
                 Api::namespaced(client.clone(), &install.namespace),
                 by_name(&install.uninstall_marker),
                 changed.clone(),
+                saved("uninstall-marker"),
             ),
-            daemonsets: watch(
+            daemonsets: watch_cache::watch(
                 Api::namespaced(client.clone(), &install.namespace),
                 by_name(&install.daemonset),
                 changed.clone(),
+                saved("daemonset"),
             ),
             install,
             node: node.to_owned(),
-            last_config,
+            last_config: LastConfig::load(state_dir),
             synced: AtomicBool::new(false),
             changed,
         })
     }
 
-    /// Waits until every cache holds a first full list (the node's pods: the feed's, or the
-    /// list saved by the last run).
+    /// Waits until every cache holds a first full list, or the one the last run saved when the
+    /// API server does not answer (the node's pods: the feed's, or the list saved last).
     pub async fn wait_synced(&self) -> Result<(), String> {
         let results = [
             self.namespaces.wait_until_ready().await.is_ok(),
@@ -649,6 +642,7 @@ pub async fn apply_changes(
     let configs: Api<NodeConfig> = Api::all(client.clone());
     // The node takes new pods only once they get a real capture set: after the first config.
     let mut untainted = false;
+    let mut told = false;
     loop {
         let previous = cell.load();
         let snapshot = Arc::new(view.snapshot(&previous));
@@ -682,7 +676,10 @@ pub async fn apply_changes(
         // After the leaving pods moved on: the SVID of one whose listeners closed goes now.
         wanted.send_if_modified(|current| {
             let next = view.wanted_service_accounts(&agent.serving());
-            let changed = *current != next;
+            // The first is said even when empty: SVIDs restored from a run before are
+            // dropped only once it is heard.
+            let changed = !told || *current != next;
+            told = true;
             *current = next;
             changed
         });

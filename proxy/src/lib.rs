@@ -14,7 +14,8 @@
 //! - [`handover`]: the listening sockets, from a proxy process to its successor.
 //! - [`netns`]: every `setns(2)`: sockets inside a pod's network namespace, `SO_ORIGINAL_DST`.
 //! - [`cni_kubeconfig`]: the token the CNI plugin falls back to when the proxy is down.
-//! - [`cluster`]: watches of the cluster and the loops that apply what they see.
+//! - [`cluster`]: the cluster's view from the node, and the loops that apply what it sees.
+//! - [`watch_cache`]: the watches' caches, saved for a restart while the API server is down.
 //! - [`mesh`]: the snapshot of routes, endpoints and identities the data plane reads (pure).
 //! - [`dataplane`]: outbound routing, inbound mTLS termination, pooled clients.
 //! - [`balancer`]: endpoint choice (power of two choices over EWMA latency).
@@ -43,3 +44,4 @@ pub mod pod_view;
 pub mod probes;
 pub mod registry;
 pub mod state_file;
+pub mod watch_cache;

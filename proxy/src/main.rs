@@ -19,9 +19,9 @@ use aether_proxy::cni_server::CniSocket;
 use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
 use aether_proxy::handover::holder::{Holder, Keeper};
 use aether_proxy::handover::{Event, Given, Offer, Socket, Successor};
+use aether_proxy::identity::kept::KeptSvids;
 use aether_proxy::identity::svid::{self, CaClient, Resolver};
 use aether_proxy::identity::tls::{Certs, TrustStore};
-use aether_proxy::last_config::LastConfig;
 use aether_proxy::listeners::{ConnectionLimits, PodSocket};
 use aether_proxy::mesh::Snapshot;
 use aether_proxy::metrics::Metrics;
@@ -56,7 +56,9 @@ A proxy started while another runs on the node (a rolling update) takes over the
 sockets through --handover-socket: the admin socket at once, the CNI socket and every pod's \
 listeners once its caches are synced. The other then drains its connections and waits for \
 SIGTERM. No socket closes, so no connection is refused. With --holder-socket, a holder process \
-(`aether-proxy hold`) keeps copies of the sockets, which a proxy restarted after a crash takes.
+(`aether-proxy hold`) keeps copies of the sockets, which a proxy restarted after a crash takes; with --svid-dir, the SVIDs are kept there too.
+
+A proxy started while the API server does not answer serves from the watch caches the last run saved in --state-dir (Services, EndpointSlices, Namespaces, its NodeConfig, the trust bundle) until the API server is back.
 
 SIGTERM or SIGINT: stop serving the plugin, close every listener, give open connections \
 --drain-seconds to finish. The registry stays for the next start, unless aether is being \
@@ -168,6 +170,10 @@ struct RunArgs {
     /// crash: a proxy that starts with no predecessor takes them from it.
     #[arg(long)]
     holder_socket: Option<PathBuf>,
+    /// Where the SVIDs are kept for a restart of the proxy (a memory-backed volume of the
+    /// pod, so that private keys never reach the node's disk); without it, none are kept.
+    #[arg(long)]
+    svid_dir: Option<PathBuf>,
     /// Run this `nft` program instead of libnftables in-process.
     #[arg(long)]
     nft_path: Option<PathBuf>,
@@ -464,7 +470,7 @@ async fn run(
                     uninstall_marker: args.uninstall_marker.clone(),
                     pod: args.pod_name.clone(),
                 },
-                LastConfig::load(&args.state_dir),
+                &args.state_dir,
                 pods.clone(),
             );
             let resolver_view = view.clone();
@@ -502,6 +508,9 @@ async fn run(
                 error!(error = %e, "the published trust bundle is unusable");
             }
             let certs = Certs::new(trust.clone());
+            // Before any listener serves: a restart while the CA cannot issue keeps identities.
+            let kept = KeptSvids::new(args.svid_dir.clone());
+            let restored = kept.restore(&certs, std::time::SystemTime::now());
             let cell = Arc::new(SnapshotCell::default());
             // Until the node's NodeConfig is read, its pods keep what their tables hold.
             let saved = CaptureSet::load_saved(&args.state_dir).unwrap_or_else(|e| {
@@ -557,6 +566,8 @@ async fn run(
                     certs.clone(),
                     wanted_rx,
                     metrics.clone(),
+                    kept,
+                    restored,
                 )),
             ));
             apply = Some(tokio::spawn(cluster::apply_changes(

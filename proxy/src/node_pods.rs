@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::identity::svid::Resolver;
+use crate::watch_cache::SavedCache;
 
 const PODS_FILE: &str = "node-pods.json";
 /// kube's TLS verifier re-reads this file (about every minute), so a root rotation reaches
@@ -72,22 +73,12 @@ impl NodePods {
     /// [`feed`] keeps it current with.
     pub fn load(state_dir: &Path) -> (Arc<NodePods>, Writer<Pod>) {
         let mut writer = Writer::default();
-        let path = state_dir.join(PODS_FILE);
-        match std::fs::read(&path).map(|bytes| serde_json::from_slice::<Vec<Pod>>(&bytes)) {
-            Ok(Ok(pods)) => {
-                info!(
-                    pods = pods.len(),
-                    "serving the saved list of the node's pods until the feed answers"
-                );
-                writer.apply_watcher_event(&Event::Init);
-                for pod in pods {
-                    writer.apply_watcher_event(&Event::InitApply(pod));
-                }
-                writer.apply_watcher_event(&Event::InitDone);
-            }
-            Ok(Err(error)) => warn!(path = %path.display(), %error, "ignoring the saved pods"),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => warn!(path = %path.display(), %error, "cannot read the saved pods"),
+        if let Some(pods) = saved_pods(state_dir).load::<Pod>() {
+            info!(
+                pods = pods.len(),
+                "serving the saved list of the node's pods until the feed answers"
+            );
+            crate::watch_cache::seed(&mut writer, pods);
         }
         let pods = NodePods {
             store: writer.as_reader(),
@@ -125,7 +116,7 @@ pub async fn feed(
     resolve: Resolver,
     changed: Arc<Notify>,
 ) {
-    let pods_file = config.state_dir.join(PODS_FILE);
+    let pods_file = saved_pods(&config.state_dir);
     let bundle_file = config.state_dir.join(BUNDLE_FILE);
     let mut written = None;
     let mut retry = RETRY_MIN;
@@ -262,9 +253,14 @@ fn feed_client(
     Ok((kube::Client::try_from(kube_config)?, target))
 }
 
+/// Where the list is saved for a restart.
+fn saved_pods(state_dir: &Path) -> SavedCache {
+    SavedCache::at(state_dir.join(PODS_FILE))
+}
+
 /// Saves the list for a restart; a failure costs only that restart's knowledge. Without the
 /// managed fields, which nothing here reads and which are most of a pod's size.
-fn save(path: &Path, pods: &[Arc<Pod>]) {
+fn save(saved: &SavedCache, pods: &[Arc<Pod>]) {
     let list: Vec<Pod> = pods
         .iter()
         .map(|pod| {
@@ -273,11 +269,8 @@ fn save(path: &Path, pods: &[Arc<Pod>]) {
             pod
         })
         .collect();
-    let written = serde_json::to_vec(&list)
-        .map_err(std::io::Error::other)
-        .and_then(|json| crate::state_file::write_atomically(path, &json));
-    if let Err(error) = written {
-        warn!(path = %path.display(), %error, "cannot save the node's pods");
+    if let Err(error) = saved.save(&list) {
+        warn!(path = %saved.path().display(), %error, "cannot save the node's pods");
     }
 }
 
@@ -303,7 +296,7 @@ mod tests {
                 ..Pod::default()
             })
         };
-        save(&dir.join(PODS_FILE), &[pod("web-1"), pod("web-2")]);
+        save(&saved_pods(&dir), &[pod("web-1"), pod("web-2")]);
         let (loaded, _) = NodePods::load(&dir);
         let mut names: Vec<String> = loaded
             .store()

@@ -4,7 +4,9 @@
 //! - [`tls`]: rustls client and server configurations per ServiceAccount whose certificate and
 //!   trust roots can change under them (rotation without dropping connections).
 //! - [`svid`]: obtaining and renewing SVIDs from the operator's certificate authority.
+//! - [`kept`]: the SVIDs kept in the proxy pod's memory for a restart of the proxy.
 
+pub mod kept;
 pub mod svid;
 pub mod tls;
 

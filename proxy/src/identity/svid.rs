@@ -1,6 +1,7 @@
 //! SVIDs from the operator's certificate authority: a fresh key and CSR per ServiceAccount with
 //! pods on this node, exchanged with the proxy's projected token (audience `aether`) for a
-//! short-lived certificate, renewed at half its life. Private keys never leave this process.
+//! short-lived certificate, renewed at half its life. Private keys never leave the proxy's pod
+//! (they are kept for a restart in its memory, [`super::kept`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -12,12 +13,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rcgen::{CertificateParams, KeyPair, SanType};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::ServiceAccount;
+use super::kept::KeptSvids;
 use super::tls::{Certs, TlsError, TrustStore};
 
 /// Longest wait for one exchange with the certificate authority.
@@ -71,9 +73,30 @@ pub struct Issued {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
     pub not_after: SystemTime,
+    /// The chain and the key as PEM, the form they are kept in.
+    pub pem: String,
 }
 
 impl Issued {
+    /// An SVID from its PEM: the chain, leaf first, and a PKCS#8 private key.
+    pub fn from_pem(pem: String) -> Result<Issued, SvidError> {
+        let chain = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| SvidError::Answer(format!("certificate chain: {e}")))?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| SvidError::Answer("the certificate chain is empty".into()))?;
+        let not_after = not_after(leaf)?;
+        let key = PrivateKeyDer::from_pem_slice(pem.as_bytes())
+            .map_err(|e| SvidError::Answer(format!("private key: {e}")))?;
+        Ok(Issued {
+            chain,
+            key,
+            not_after,
+            pem,
+        })
+    }
+
     /// When to renew, given the certificate arrived at `received`: half-way through the time
     /// it has left. Not from `not_before`, which the CA backdates for clock skew (with a short
     /// lifetime, half of the nominal life may already be over on arrival). Never sooner than
@@ -130,18 +153,12 @@ impl CaClient {
         }
         let answer: SvidAnswer =
             serde_json::from_slice(&answer).map_err(|e| SvidError::Answer(e.to_string()))?;
-        let chain = CertificateDer::pem_slice_iter(answer.cert_chain.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| SvidError::Answer(format!("certChain: {e}")))?;
-        let leaf = chain
-            .first()
-            .ok_or_else(|| SvidError::Answer("certChain is empty".into()))?;
-        let not_after = not_after(leaf)?;
-        Ok(Issued {
-            chain,
-            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            not_after,
-        })
+        let mut pem = answer.cert_chain;
+        if !pem.ends_with('\n') {
+            pem.push('\n');
+        }
+        pem.push_str(&key.serialize_pem());
+        Issued::from_pem(pem)
     }
 
     fn transport(&self, reason: impl Into<String>) -> SvidError {
@@ -216,25 +233,42 @@ fn not_after(der: &CertificateDer<'_>) -> Result<SystemTime, SvidError> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
-/// Keeps an SVID installed in `certs` for exactly the ServiceAccounts in `wanted`, renewing
-/// each at half its life. Runs until `wanted`'s sender is dropped.
+/// Keeps an SVID installed in `certs` (and in `kept`) for exactly the ServiceAccounts in
+/// `wanted`, renewing each at half its life; those `restored` from `kept` are renewed when
+/// they say. Runs until `wanted`'s sender is dropped.
 pub async fn maintain(
     ca: CaClient,
     certs: Arc<Certs>,
     mut wanted: watch::Receiver<BTreeSet<ServiceAccount>>,
     metrics: Arc<crate::metrics::Metrics>,
+    kept: KeptSvids,
+    restored: Vec<(ServiceAccount, SystemTime)>,
 ) {
     struct State {
         due: Instant,
         failures: u32,
     }
-    let mut states: HashMap<ServiceAccount, State> = HashMap::new();
+    let wall = SystemTime::now();
+    let mut states: HashMap<ServiceAccount, State> = restored
+        .into_iter()
+        .map(|(sa, renew_at)| {
+            let due = Instant::now() + renew_at.duration_since(wall).unwrap_or_default();
+            (sa, State { due, failures: 0 })
+        })
+        .collect();
+    // Until the config loop first says which are wanted, the restored SVIDs are not dropped.
+    let mut heard = false;
     loop {
-        let current = wanted.borrow_and_update().clone();
+        let current = {
+            let current = wanted.borrow_and_update();
+            heard |= current.has_changed();
+            current.clone()
+        };
         states.retain(|sa, _| {
-            let keep = current.contains(sa);
+            let keep = !heard || current.contains(sa);
             if !keep {
                 certs.remove(sa);
+                kept.forget(sa);
                 info!(service_account = %sa, "removed the SVID: no pod of this ServiceAccount is left on the node");
             }
             keep
@@ -255,8 +289,9 @@ pub async fn maintain(
                         .renew_at(wall)
                         .duration_since(wall)
                         .unwrap_or_default();
-                    match certs.install(sa, issued.chain, issued.key) {
+                    match certs.install(sa, issued.chain.clone(), issued.key.clone_key()) {
                         Ok(()) => {
+                            kept.keep(sa, &issued);
                             metrics.svid_issued(true);
                             info!(service_account = %sa, renew_in = ?renew_in, "installed an SVID");
                             state.due = Instant::now() + renew_in;
@@ -300,6 +335,7 @@ fn backoff(failures: &mut u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::PrivatePkcs8KeyDer;
 
     #[test]
     fn renewal_is_half_way_through_the_time_left_and_never_immediate() {
@@ -309,6 +345,7 @@ mod tests {
             chain: vec![],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(vec![])),
             not_after: now + Duration::from_secs(240),
+            pem: String::new(),
         };
         assert_eq!(issued.renew_at(now), now + Duration::from_secs(120));
         let late = now + Duration::from_secs(236);

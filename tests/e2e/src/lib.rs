@@ -11,6 +11,7 @@
 pub mod echo;
 pub mod mesh;
 pub mod node;
+pub mod process;
 pub mod stream;
 pub mod wire;
 

@@ -291,6 +291,42 @@ pub fn proxy_pod_field(cluster: &Cluster, node: &str, field: &str) -> Result<Str
     Ok(value.trim().to_owned())
 }
 
+/// Replaces every proxy pod whose proxy container has restarted before, and waits for the
+/// DaemonSet: the kubelet restarts a container that crashed in the last 10 minutes only after
+/// a back-off of 10 s or more, so a test that crashes a proxy starts from fresh pods.
+pub fn replace_restarted_proxies(cluster: &Cluster) -> Result<()> {
+    let text = cluster.kubectl(&[
+        "-n",
+        "aether-system",
+        "get",
+        "pods",
+        "-l",
+        PROXY_PODS,
+        "-o",
+        "json",
+    ])?;
+    let list: Value = serde_json::from_str(&text)?;
+    let mut replaced = false;
+    for pod in list["items"].as_array().context("pod list")? {
+        let restarts = pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["name"] == "proxy")
+            .filter_map(|c| c["restartCount"].as_u64())
+            .sum::<u64>();
+        if restarts > 0 {
+            let name = pod["metadata"]["name"].as_str().context("pod name")?;
+            cluster.kubectl(&["-n", "aether-system", "delete", "pod", name, "--wait"])?;
+            replaced = true;
+        }
+    }
+    if replaced {
+        cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
+    }
+    Ok(())
+}
+
 /// The resident memory of `nodes`' proxies, in KiB, in that order (read from /proc: the nodes
 /// share this machine's PID namespace).
 pub async fn proxy_rss(cluster: &Cluster, nodes: &[&str]) -> Result<Vec<u64>> {

@@ -20,6 +20,10 @@ use crate::mesh::{ECHO_IMAGE, MESH_NS, TRUST_DOMAIN, wait_accepted, wait_nodes_a
 
 const POD: &str = "stream";
 
+/// Requests a SIGKILL of a proxy may fail: those it was serving at that moment (a stream's
+/// requests take milliseconds, 50 ms apart or more; its client may hold two connections).
+pub const IN_FLIGHT: u64 = 2;
+
 /// Applies the conformance `mesh-split` route (echo: `/v1` to echo-v1, `/v2` to echo-v2) and
 /// waits until every node has it. Returns its manifest, to delete it afterwards.
 pub async fn apply_split(cluster: &Cluster) -> Result<PathBuf> {
@@ -122,20 +126,7 @@ impl Stream {
     pub async fn finish(self, cluster: &Cluster, backend: &str) -> Result<Vec<echo::Exchange>> {
         let count = self.count;
         let (exchanges, succeeded, log) = self.answers(cluster).await?;
-        let failed: Vec<String> = exchanges
-            .iter()
-            .filter(|e| e.status != Some(200) || !e.body.hostname.starts_with(backend))
-            .map(|e| format!("#{}: {:?} {:?}", e.index, e.status, e.body.hostname))
-            .collect();
-        if !succeeded || exchanges.len() as u64 != count || !failed.is_empty() {
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            bail!(
-                "the stream saw failures ({} of {count} answered; client {}): {:?}; last lines: {tail:?}",
-                exchanges.len(),
-                if succeeded { "succeeded" } else { "failed" },
-                failed.iter().take(10).collect::<Vec<_>>(),
-            );
-        }
+        check_answers(&exchanges, succeeded, &log, count, backend)?;
         Ok(exchanges)
     }
 
@@ -161,25 +152,80 @@ impl Stream {
         Ok((exchanges, succeeded, log))
     }
 
+    /// Waits for the end of the stream and returns how many of its requests failed. With none
+    /// failed, checks every answer as [`Stream::expect_all_served`] does (with any error, the
+    /// client prints no answer, only how many requests had one).
+    pub async fn failures(self, cluster: &Cluster) -> Result<u64> {
+        let (expected, count) = (self.identity(), self.count);
+        let (exchanges, succeeded, log) = self.answers(cluster).await?;
+        if succeeded {
+            check_answers(&exchanges, succeeded, &log, count, "echo-v2")?;
+            check_identity(&exchanges, &expected)?;
+            return Ok(0);
+        }
+        failed_requests(&log).with_context(|| {
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            format!("the stream client failed without counting its errors: {tail:?}")
+        })
+    }
+
     /// Waits for the end of the stream and checks that every request was answered 200 by
     /// echo-v2, which saw the stream pod's SPIFFE ID. Returns the number of requests.
     pub async fn expect_all_served(self, cluster: &Cluster) -> Result<usize> {
         let expected = self.identity();
         let exchanges = self.finish(cluster, "echo-v2").await?;
-        let unidentified: Vec<usize> = exchanges
-            .iter()
-            .filter(|e| e.body.identity().as_deref() != Some(expected.as_str()))
-            .map(|e| e.index)
-            .collect();
-        if !unidentified.is_empty() {
-            bail!(
-                "{} requests reached echo-v2 without the caller's identity, the first {:?}",
-                unidentified.len(),
-                &unidentified[..unidentified.len().min(10)]
-            );
-        }
+        check_identity(&exchanges, &expected)?;
         Ok(exchanges.len())
     }
+}
+
+/// Every one of `count` requests answered 200 by a pod of `backend`, and the client succeeded.
+fn check_answers(
+    exchanges: &[echo::Exchange],
+    succeeded: bool,
+    log: &str,
+    count: u64,
+    backend: &str,
+) -> Result<()> {
+    let failed: Vec<String> = exchanges
+        .iter()
+        .filter(|e| e.status != Some(200) || !e.body.hostname.starts_with(backend))
+        .map(|e| format!("#{}: {:?} {:?}", e.index, e.status, e.body.hostname))
+        .collect();
+    if !succeeded || exchanges.len() as u64 != count || !failed.is_empty() {
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        bail!(
+            "the stream saw failures ({} of {count} answered; client {}): {:?}; last lines: {tail:?}",
+            exchanges.len(),
+            if succeeded { "succeeded" } else { "failed" },
+            failed.iter().take(10).collect::<Vec<_>>(),
+        );
+    }
+    Ok(())
+}
+
+/// Every request reached its backend with the caller's SPIFFE ID.
+fn check_identity(exchanges: &[echo::Exchange], expected: &str) -> Result<()> {
+    let unidentified: Vec<usize> = exchanges
+        .iter()
+        .filter(|e| e.body.identity().as_deref() != Some(expected))
+        .map(|e| e.index)
+        .collect();
+    if !unidentified.is_empty() {
+        bail!(
+            "{} requests reached echo-v2 without the caller's identity, the first {:?}",
+            unidentified.len(),
+            &unidentified[..unidentified.len().min(10)]
+        );
+    }
+    Ok(())
+}
+
+/// `N` of the stream client's closing `Error N/M requests had errors`.
+fn failed_requests(log: &str) -> Option<u64> {
+    let (_, after) = log.rsplit_once("Error ")?;
+    let (count, _) = after.split_once('/')?;
+    count.trim().parse().ok()
 }
 
 fn phase(pod: &Pod) -> String {

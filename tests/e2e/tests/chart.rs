@@ -282,7 +282,8 @@ fn the_proxy_gets_the_agreed_command_line_token_and_probes() -> Result<()> {
         .collect();
     let expected = "aether-proxy run --node $(NODE_NAME) --cni-socket /var/run/aether/cni.sock \
         --state-dir /var/lib/aether/proxy --capture-port 15001 --inbound-port 15008 \
-        --admin-addr $(HOST_IP):15020 --holder-socket /var/run/aether-holder/holder.sock --namespace mesh-test --daemonset aether-proxy \
+        --admin-addr $(HOST_IP):15020 --holder-socket /var/run/aether-holder/holder.sock \
+        --svid-dir /var/run/aether-holder/svids --namespace mesh-test --daemonset aether-proxy \
         --uninstall-marker aether-uninstalling --trust-domain cluster.local --ca-address aether-operator.mesh-test.svc:8443 \
         --token-file /var/run/secrets/aether/token --worker-threads 1";
     assert_eq!(argv.join(" "), expected);

@@ -24,10 +24,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aether_e2e::Cluster;
 use aether_e2e::mesh::{
-    Accounts, MESH_NS, PROXY_PODS, install, mesh_workloads, proxy_pod_field, uninstall,
-    unmesh_workloads, wait_nodes_applied,
+    Accounts, MESH_NS, PROXY_PODS, install, mesh_workloads, proxy_pod_field,
+    replace_restarted_proxies, uninstall, unmesh_workloads, wait_nodes_applied,
 };
-use aether_e2e::stream::{Stream, apply_split};
+use aether_e2e::process::{process_of, signal};
+use aether_e2e::stream::{IN_FLIGHT, Stream, apply_split};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
@@ -39,9 +40,6 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 /// The proxy-kill stream: dense enough that a gap of a tenth of a second would fail requests.
 const KILL_STREAM: Duration = Duration::from_secs(30);
 const KILL_QPS: u64 = 20;
-/// Requests a SIGKILL of the proxy may fail: those it was serving at that moment (the
-/// stream's requests take milliseconds, 50 ms apart; its client may hold two connections).
-const IN_FLIGHT: u64 = 2;
 /// The rolling-update stream: long enough for both nodes' proxies to be replaced in turn.
 const ROLLING_STREAM: Duration = Duration::from_secs(75);
 
@@ -177,20 +175,8 @@ fn proxy_pods(cluster: &Cluster) -> Result<Vec<String>> {
 async fn a_killed_proxy_loses_only_requests_in_flight(cluster: &Cluster) -> Result<()> {
     let node = "node-1";
     let proxy_of = |field: &str| proxy_pod_field(cluster, node, field);
-    // The kubelet restarts a container that crashed before (in the last 10 minutes) only after
-    // a back-off of 10 s or more: the first crash is the one measured, on a fresh pod.
-    if proxy_of(r#"status.containerStatuses[?(@.name=="proxy")].restartCount"#)?.trim() != "0" {
-        let name = proxy_of("metadata.name")?;
-        cluster.kubectl(&[
-            "-n",
-            "aether-system",
-            "delete",
-            "pod",
-            name.trim(),
-            "--wait",
-        ])?;
-        cluster.rollout_status("aether-system", "daemonset/aether-proxy")?;
-    }
+    // The first crash is the one measured: a later one waits out the kubelet's back-off.
+    replace_restarted_proxies(cluster)?;
     let stream = Stream::start_in(
         cluster,
         MESH_NS,
@@ -205,17 +191,8 @@ async fn a_killed_proxy_loses_only_requests_in_flight(cluster: &Cluster) -> Resu
     let pid = process_of(&proxy, "aether-proxy")?;
     signal(pid, "KILL")?;
     eprintln!("killed {node}'s proxy {proxy} (pid {pid})");
-    let (_, succeeded, log) = stream.answers(cluster).await?;
+    let failed = stream.failures(cluster).await?;
     let sent = KILL_STREAM.as_secs() * KILL_QPS;
-    // With any error, the client prints no answer, only how many requests had one.
-    let failed = if succeeded {
-        0
-    } else {
-        failed_requests(&log).with_context(|| {
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            format!("the stream client failed without counting its errors: {tail:?}")
-        })?
-    };
     eprintln!("{failed} of {sent} requests failed across {node}'s proxy kill");
     if failed > IN_FLIGHT {
         bail!("{failed} requests failed across {node}'s proxy kill: more than were in flight");
@@ -225,13 +202,6 @@ async fn a_killed_proxy_loses_only_requests_in_flight(cluster: &Cluster) -> Resu
         bail!("the restarted proxy {proxy} did not take its holder's sockets: {log}");
     }
     cluster.rollout_status("aether-system", "daemonset/aether-proxy")
-}
-
-/// `N` of the stream client's closing `Error N/M requests had errors`.
-fn failed_requests(log: &str) -> Option<u64> {
-    let (_, after) = log.rsplit_once("Error ")?;
-    let (count, _) = after.split_once('/')?;
-    count.trim().parse().ok()
 }
 
 /// The operator's Lease: its holder, and when it was last renewed.
@@ -257,39 +227,6 @@ fn lease(cluster: &Cluster) -> Result<(String, SystemTime)> {
     let renewed = SystemTime::UNIX_EPOCH
         + Duration::from_nanos(u64::try_from(renewed.as_nanosecond()).unwrap_or_default());
     Ok((holder, renewed))
-}
-
-/// The host pid of the process named `comm` in pod `pod` (its `POD_NAME`): the nodes' pods run
-/// on this machine.
-fn process_of(pod: &str, comm: &str) -> Result<u32> {
-    let wanted = format!("POD_NAME={pod}");
-    for entry in std::fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let dir = entry.path();
-        let named = std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == comm);
-        let in_pod = std::fs::read(dir.join("environ"))
-            .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_bytes()));
-        if named && in_pod {
-            return Ok(pid);
-        }
-    }
-    bail!("no process {comm} of pod {pod} on this machine")
-}
-
-fn signal(pid: u32, signal: &str) -> Result<()> {
-    let status = std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()?;
-    if !status.success() {
-        bail!("cannot send SIG{signal} to {pid}");
-    }
-    Ok(())
 }
 
 /// Adds a route on the mesh namespace's `echo` for one more exact path; returns the path.
