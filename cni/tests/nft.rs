@@ -36,6 +36,26 @@ fn libnftables_is_used_when_it_loads() {
     assert!(format!("{:?}", Nft::default()).contains("libnftables"));
 }
 
+/// libnftables waits on its netlink socket with select(2), which glibc aborts on for a
+/// descriptor of 1024 or more. In a process that holds more (the node proxy with thousands of
+/// connections) the library must still work, not take the process down.
+#[test]
+fn libnftables_works_in_a_process_holding_thousands_of_descriptors() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    require_root();
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let held: Vec<std::fs::File> = (0..1500)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let netns = Netns::new("aetfd");
+    let nft = Nft::default();
+    let set = targets(&["10.96.0.10:80"]);
+    nft::install(&nft, netns.path(), &spec(15001), &set).unwrap();
+    assert_eq!(nft::verify(&nft, netns.path(), &spec(15001)).unwrap(), []);
+    drop(held);
+}
+
 #[test]
 fn install_verify_update_and_delete_with_both_backends() {
     require_root();

@@ -80,11 +80,43 @@ pub struct ConnectionLimits {
     pub per_node: usize,
 }
 
+/// The most connections of a pod's capture listener that have not yet shown what they are (a
+/// request head, an opaque stream). A listener with that many accepts no more until one of
+/// them does or ends: a pod that opens connections and stays silent, or sends its head a byte
+/// at a time, makes only its own connections wait, in its own backlog, and costs the node's
+/// other pods nothing.
+const OPENING_PER_LISTENER: usize = 256;
+/// The most connections one peer address may have opening (in the TLS handshake) at a pod's
+/// inbound listener; more are reset. Counted by peer, not for the whole listener as on the
+/// capture side, because inbound connections come from anywhere: a listener-wide bound would
+/// let one peer shut the others out.
+const OPENING_PER_PEER: usize = 64;
+/// Peers whose connections all opened are forgotten once this many are remembered.
+const PEERS_REMEMBERED: usize = 1024;
+
+/// A connection still opening holds a share of its listener's [`OPENING_PER_LISTENER`] until
+/// [`Opening::opened`] (or its end).
+#[derive(Clone)]
+pub struct Opening(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Opening {
+    fn new(permit: OwnedSemaphorePermit) -> Opening {
+        Opening(Arc::new(std::sync::Mutex::new(Some(permit))))
+    }
+
+    /// The connection has shown what it is.
+    pub fn opened(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
 /// Which limit refused a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
     Listener,
     Node,
+    /// [`OPENING_PER_PEER`].
+    Opening,
 }
 
 impl Limit {
@@ -92,14 +124,33 @@ impl Limit {
         match self {
             Limit::Listener => "listener",
             Limit::Node => "node",
+            Limit::Opening => "opening",
         }
     }
+}
+
+/// A share of `peer`'s [`OPENING_PER_PEER`], or `None` when it has them all. Forgets the peers
+/// with nothing opening when too many are remembered.
+fn peer_share(
+    peers: &mut HashMap<IpAddr, Arc<Semaphore>>,
+    peer: IpAddr,
+) -> Option<OwnedSemaphorePermit> {
+    if peers.len() >= PEERS_REMEMBERED {
+        peers.retain(|_, shares| shares.available_permits() < OPENING_PER_PEER);
+    }
+    peers
+        .entry(peer)
+        .or_insert_with(|| Arc::new(Semaphore::new(OPENING_PER_PEER)))
+        .clone()
+        .try_acquire_owned()
+        .ok()
 }
 
 /// Serves the connections the listeners accept.
 pub trait Handler: Send + Sync + 'static {
     /// `drain` says when the listener stopped: a connection that can end gently (HTTP) should
-    /// then finish what it is doing and close.
+    /// then finish what it is doing and close. `opening` is to be told once the connection
+    /// has shown what it is.
     fn serve(
         self: Arc<Self>,
         role: Role,
@@ -107,6 +158,7 @@ pub trait Handler: Send + Sync + 'static {
         peer: SocketAddr,
         pod: Arc<PodInfo>,
         drain: Drain,
+        opening: Opening,
     ) -> BoxFuture<'static, ()>;
 
     /// The pod's listeners closed for good: forget what is kept for it.
@@ -344,6 +396,7 @@ impl Listeners {
                     handler: self.handler.clone(),
                     own: Arc::new(Semaphore::new(self.limits.per_listener)),
                     node: self.node.clone(),
+                    opening: Arc::new(Semaphore::new(OPENING_PER_LISTENER)),
                 };
                 self.runtime.spawn(pod.run(listener, stopped.clone()))
             })
@@ -470,6 +523,8 @@ struct PodListener {
     /// This listener's share of connections, and the node's.
     own: Arc<Semaphore>,
     node: Arc<Semaphore>,
+    /// Its connections still opening (a capture listener's).
+    opening: Arc<Semaphore>,
 }
 
 impl PodListener {
@@ -492,18 +547,32 @@ impl PodListener {
 
     async fn run(self, listener: TcpListener, mut stop: watch::Receiver<Stop>) {
         let mut connections = JoinSet::new();
+        // The capture listener's connections are all its pod's: it accepts only with a share
+        // of its opening connections in hand, the next connection's.
+        let gated = self.role == Role::Capture;
+        let mut slot = None;
+        let mut peers = HashMap::new();
         loop {
             tokio::select! {
                 // Also ends the loop when the sender is dropped without a word.
                 _ = stop.changed() => break,
-                accepted = listener.accept() => match accepted {
+                permit = self.opening.clone().acquire_owned(), if gated && slot.is_none() => {
+                    slot = permit.ok();
+                }
+                accepted = listener.accept(), if !gated || slot.is_some() => match accepted {
                     Ok((stream, peer)) => {
+                        let share = if gated { slot.take() } else { peer_share(&mut peers, peer.ip()) };
+                        let Some(opening) = share.map(Opening::new) else {
+                            let _ = stream.set_zero_linger();
+                            self.handler.over_limit(self.role, &self.info, Limit::Opening);
+                            continue;
+                        };
                         let Some(permits) = self.admit(&stream) else {
                             continue;
                         };
                         let _ = stream.set_nodelay(true);
                         let drain = Drain(stop.clone());
-                        let served = self.handler.clone().serve(self.role, stream, peer, self.info.clone(), drain);
+                        let served = self.handler.clone().serve(self.role, stream, peer, self.info.clone(), drain, opening);
                         connections.spawn(async move {
                             let _permits = permits;
                             served.await
@@ -532,6 +601,28 @@ impl PodListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_has_its_own_share_of_opening_connections() {
+        let mut peers = HashMap::new();
+        let (a, b) = (addr("10.0.0.1:1").ip(), addr("10.0.0.2:1").ip());
+        let held: Vec<_> = (0..OPENING_PER_PEER)
+            .map(|_| peer_share(&mut peers, a).unwrap())
+            .collect();
+        assert!(peer_share(&mut peers, a).is_none(), "a peer past its share");
+        assert!(
+            peer_share(&mut peers, b).is_some(),
+            "another peer is not held up"
+        );
+        drop(held);
+        assert!(peer_share(&mut peers, a).is_some(), "shares come back");
+        for n in 0..PEERS_REMEMBERED {
+            let ip = IpAddr::from([10, 1, (n >> 8) as u8, n as u8]);
+            drop(peer_share(&mut peers, ip));
+        }
+        peer_share(&mut peers, a);
+        assert!(peers.len() < PEERS_REMEMBERED, "idle peers are forgotten");
+    }
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()

@@ -162,12 +162,27 @@ fn netns_error(path: &Path, source: io::Error) -> NftError {
 }
 
 /// Runs `f` on a scoped thread that has joined `ns`; the thread ends with it.
+///
+/// The thread also takes a private descriptor table holding only the standard streams:
+/// libnftables waits on its netlink socket with select(2), which cannot take a descriptor of
+/// 1024 or more (glibc aborts the process). In a process holding thousands of connections (the
+/// node proxy), a socket opened in the shared table would get such a number.
 fn in_netns<T: Send>(ns: &File, path: &Path, f: impl FnOnce() -> T + Send) -> Result<T, NftError> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
                     .map_err(|e| netns_error(path, e.into()))?;
+                // SAFETY: with CLOSE_RANGE_UNSHARE the descriptors are closed in this thread's
+                // own copy of the table only; nothing of the thread uses them afterwards.
+                let private =
+                    unsafe { libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_UNSHARE as i32) };
+                if private != 0 {
+                    return Err(NftError::Netns {
+                        path: path.to_owned(),
+                        source: io::Error::last_os_error(),
+                    });
+                }
                 Ok(f())
             })
             .join()

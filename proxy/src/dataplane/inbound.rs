@@ -19,7 +19,7 @@ use super::clients::{CONNECT_TIMEOUT, PodClients};
 use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh, probe};
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
-use crate::listeners::{Drain, PodInfo};
+use crate::listeners::{Drain, Opening, PodInfo};
 use crate::mesh::Snapshot;
 use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
@@ -34,11 +34,13 @@ pub async fn serve(
     peer: SocketAddr,
     pod: Arc<PodInfo>,
     mut drain: Drain,
+    opening: Opening,
 ) {
     let Some(mesh) = plane.mesh.clone() else {
         return;
     };
     if probe::from_probe_source(peer.ip()) {
+        opening.opened();
         return probe::serve(plane, &mesh, stream, pod).await;
     }
     let Some(sa) = mesh.workloads.service_account(&pod.pod) else {
@@ -76,6 +78,7 @@ pub async fn serve(
         }
     };
     mesh.metrics.handshake("server", true);
+    opening.opened();
     let trust = mesh.certs.trust();
     let Some(client) = peer_service_account(trust, tls.get_ref().1.peer_certificates()) else {
         return;

@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use crate::balancer::Balancer;
 use crate::identity::ServiceAccount;
 use crate::identity::tls::Certs;
-use crate::listeners::{Drain, Handler, Limit, PodInfo, Role};
+use crate::listeners::{Drain, Handler, Limit, Opening, PodInfo, Role};
 use crate::mesh::Snapshot;
 use crate::metrics::Metrics;
 use crate::probes::Probes;
@@ -202,13 +202,14 @@ impl Handler for DataPlane {
         peer: SocketAddr,
         pod: Arc<PodInfo>,
         drain: Drain,
+        opening: Opening,
     ) -> BoxFuture<'static, ()> {
         match role {
             Role::Capture => {
                 self.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                outbound::serve(self, stream, peer, pod, drain).boxed()
+                outbound::serve(self, stream, peer, pod, drain, opening).boxed()
             }
-            Role::Inbound => inbound::serve(self, stream, peer, pod, drain).boxed(),
+            Role::Inbound => inbound::serve(self, stream, peer, pod, drain, opening).boxed(),
         }
     }
 

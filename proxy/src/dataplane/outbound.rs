@@ -30,7 +30,7 @@ use super::http::{
 };
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
 use crate::identity::ServiceAccount;
-use crate::listeners::{Drain, PodInfo};
+use crate::listeners::{Drain, Opening, PodInfo};
 use crate::mesh::{ServiceKey, Snapshot};
 use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
@@ -49,6 +49,7 @@ pub async fn serve(
     peer: SocketAddr,
     pod: Arc<PodInfo>,
     drain: Drain,
+    opening: Opening,
 ) {
     let listener = match stream.local_addr() {
         Ok(addr) => addr,
@@ -73,6 +74,7 @@ pub async fn serve(
         );
     }
     let Some(mesh) = plane.mesh.clone() else {
+        opening.opened();
         return pass_through(&plane, stream, peer, &pod, original).await;
     };
     let (target, routed) = match routed_target(&mesh, original).await {
@@ -82,6 +84,7 @@ pub async fn serve(
             plane.stats.failed.fetch_add(1, Ordering::Relaxed);
             mesh.metrics.outbound_refused(reason);
             warn!(pod = %pod.pod, %peer, %original, reason, "{message}; refusing the connection rather than sending it in plaintext");
+            opening.opened();
             return serve_refusal(stream, message).await;
         }
     };
@@ -103,8 +106,9 @@ pub async fn serve(
         port: original.port(),
     };
     if protocol == PortProtocol::Http {
-        serve_http(conn, stream, drain).await;
+        serve_http(conn, stream, drain, opening).await;
     } else {
+        opening.opened();
         conn.serve_opaque(stream).await;
     }
 }
@@ -259,12 +263,14 @@ struct Connection {
     port: u16,
 }
 
-async fn serve_http(conn: Connection, stream: TcpStream, mut drain: Drain) {
+async fn serve_http(conn: Connection, stream: TcpStream, mut drain: Drain, opening: Opening) {
     let conn = Arc::new(conn);
     let (first, mut first_seen) = tokio::sync::watch::channel(false);
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let conn = conn.clone();
-        first.send_if_modified(|seen| !std::mem::replace(seen, true));
+        if first.send_if_modified(|seen| !std::mem::replace(seen, true)) {
+            opening.opened();
+        }
         async move { Ok::<_, std::convert::Infallible>(conn.handle(request).await) }
     });
     let server = h::plaintext_server();

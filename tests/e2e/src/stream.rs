@@ -144,7 +144,17 @@ impl Stream {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
-        let log = cluster.logs(&pod, "client")?;
+        // The runtime may still be writing the log's tail out when the pod is done: read until
+        // it stops growing.
+        let mut log = cluster.logs(&pod, "client")?;
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let again = cluster.logs(&pod, "client")?;
+            if again == log {
+                break;
+            }
+            log = again;
+        }
         let mut exchanges = echo::parse(&log);
         exchanges.sort_by_key(|e| e.index);
         let succeeded = phase(&pod) == "Succeeded";
