@@ -18,9 +18,16 @@
 //! rounds, so that the machine's noise hits them alike; the table shows each figure's median
 //! over the rounds. Also the node proxy's RSS per captured pod.
 //!
-//! `cargo bench -p aether-proxy --bench mesh_latency` (root; installs nginx-light with apt if
-//! it is missing, and aether with helm; leaves the cluster as it found it). Names after `--`
-//! pick paths by prefix (`-- aether nginx`); direct, the baseline, always runs.
+//! With `--tcp`, each exchange is 64 bytes written and read back over a TCP connection, to an
+//! echo server the bench runs in the server pod, behind a Service port declared
+//! `appProtocol: tcp`: the mesh carries it opaque, in an HTTP/2 CONNECT tunnel over the pooled
+//! mTLS connection; the nginx pair is then its `stream` module (TLS 1.3 with client
+//! certificates, one TLS connection per client connection).
+//!
+//! `cargo bench -p aether-proxy --bench mesh_latency [-- --tcp]` (root; installs nginx-light and
+//! its stream module with apt if they are missing, and aether with helm; leaves the cluster as it
+//! found it). Names after `--` pick paths by prefix (`-- aether nginx`); direct, the baseline,
+//! always runs.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -55,6 +62,29 @@ const NGINX_CLIENT_PORT: u16 = 18080;
 const NGINX_SERVER_PORT: u16 = 18443;
 const RELAY_CLIENT_PORT: u16 = 18082;
 const RELAY_SERVER_PORT: u16 = 18445;
+/// The server pod's port of the bench's TCP echo server, and of the Service in front of it.
+const TCP_PORT: u16 = 19090;
+/// The bytes of one TCP exchange.
+const TCP_MESSAGE: usize = 64;
+
+/// What one exchange of the load is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proto {
+    /// `GET /` over HTTP/1.1 keep-alive, to the echo app.
+    Http,
+    /// [`TCP_MESSAGE`] bytes written and read back, to the bench's echo server.
+    Tcp,
+}
+
+impl Proto {
+    /// The app's port in the server pod.
+    fn app_port(self) -> u16 {
+        match self {
+            Proto::Http => 8080,
+            Proto::Tcp => TCP_PORT,
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Figures {
@@ -84,10 +114,13 @@ fn main() -> Result<()> {
 }
 
 async fn run() -> Result<()> {
-    let picked: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let proto = if args.iter().any(|a| a == "--tcp") {
+        Proto::Tcp
+    } else {
+        Proto::Http
+    };
+    let picked: Vec<String> = args.into_iter().filter(|a| !a.starts_with('-')).collect();
     if let Some(unknown) = picked
         .iter()
         .find(|p| !PATHS.iter().any(|name| name.starts_with(p.as_str())))
@@ -110,22 +143,32 @@ async fn run() -> Result<()> {
         parent_ref: None,
     };
     wait_accepted(&cluster, std::slice::from_ref(&route)).await?;
+    // The TCP echo server's Service: a meshed Service with no route is captured too, and a
+    // port declared TCP is carried opaque.
+    cluster.apply_text(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: bench-tcp\n  namespace: {MESH_NS}\nspec:\n  selector: {{app: echo, version: v2}}\n  ports:\n  - {{name: echo, port: {TCP_PORT}, targetPort: {TCP_PORT}, appProtocol: tcp}}\n"
+    ))?;
     wait_nodes_applied(&cluster).await?;
 
     let server_ip = pod_ip(&server)?;
+    let service = match proto {
+        Proto::Http => "echo-v2",
+        Proto::Tcp => "bench-tcp",
+    };
     let cluster_ip = cluster.kubectl(&[
         "-n",
         MESH_NS,
         "get",
         "service",
-        "echo-v2",
+        service,
         "-o",
         "jsonpath={.spec.clusterIP}",
     ])?;
     let client_netns = cluster.netns_of(&client, "echo")?;
     let server_netns = cluster.netns_of(&server, "echo")?;
-    let nginx = NginxPair::start(&client_netns, &server_netns, &server_ip)?;
-    start_relays(&client_netns, &server_netns, &server_ip)?;
+    tcp_echo_in(&server_netns)?;
+    let nginx = NginxPair::start(&client_netns, &server_netns, &server_ip, proto)?;
+    start_relays(&client_netns, &server_netns, &server_ip, proto.app_port())?;
 
     let proxies = [
         node_proxy(&cluster, &client)?,
@@ -133,9 +176,18 @@ async fn run() -> Result<()> {
     ];
     // Where each of PATHS is dialled, and its proxies' pids.
     let places = [
-        (format!("{server_ip}:8080"), Vec::new()),
+        (format!("{server_ip}:{}", proto.app_port()), Vec::new()),
         (format!("127.0.0.1:{RELAY_CLIENT_PORT}"), Vec::new()),
-        (format!("{cluster_ip}:80"), proxies.to_vec()),
+        (
+            format!(
+                "{cluster_ip}:{}",
+                match proto {
+                    Proto::Http => 80,
+                    Proto::Tcp => TCP_PORT,
+                }
+            ),
+            proxies.to_vec(),
+        ),
         (format!("127.0.0.1:{NGINX_CLIENT_PORT}"), nginx.pids()),
     ];
     let targets: Vec<_> = PATHS
@@ -151,7 +203,7 @@ async fn run() -> Result<()> {
         for ((name, addr, pids), figures) in targets.iter().zip(&mut rounds) {
             let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
             let measured =
-                measure_in(&client_netns, addr, pids.clone()).map_err(|e| match *name {
+                measure_in(&client_netns, addr, pids.clone(), proto).map_err(|e| match *name {
                     "nginx pair" => e.context(nginx.logs()),
                     _ => e,
                 })?;
@@ -168,6 +220,7 @@ async fn run() -> Result<()> {
     let rss = rss_per_pod(&cluster, &client).await?;
 
     cluster.kubectl(&["-n", MESH_NS, "delete", "httproute", "bench", "--wait"])?;
+    cluster.kubectl(&["-n", MESH_NS, "delete", "service", "bench-tcp", "--wait"])?;
     uninstall(&cluster).await?;
     unmesh_workloads(&cluster)?;
 
@@ -179,8 +232,12 @@ async fn run() -> Result<()> {
             .with_context(|| format!("no figures for {path}"))
     };
     let direct = figures("direct")?;
+    let exchange = match proto {
+        Proto::Http => "HTTP/1.1 requests".to_string(),
+        Proto::Tcp => format!("{TCP_MESSAGE}-byte TCP echoes"),
+    };
     println!(
-        "mesh hop between two pods on different nodes; {RATE} requests/s for {RATE_SECONDS} s, then closed-loop for {SATURATION_SECONDS} s with each of {SATURATION_CONNECTIONS:?} connections (sat. rps: the best); medians of {ROUNDS} rounds"
+        "mesh hop between two pods on different nodes, {exchange}; {RATE}/s for {RATE_SECONDS} s, then closed-loop for {SATURATION_SECONDS} s with each of {SATURATION_CONNECTIONS:?} connections (sat. rps: the best); medians of {ROUNDS} rounds"
     );
     println!(
         "{:<14} {:>10} {:>10} {:>12} {:>12} {:>10} {:>22} {:>16} {:>8}",
@@ -248,8 +305,11 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
+/// Where Debian's nginx stream module is.
+const NGINX_STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
+
 fn ensure_nginx() -> Result<()> {
-    if Path::new("/usr/sbin/nginx").exists() {
+    if Path::new("/usr/sbin/nginx").exists() && Path::new(NGINX_STREAM_MODULE).exists() {
         return Ok(());
     }
     let status = Command::new("apt-get")
@@ -260,11 +320,12 @@ fn ensure_nginx() -> Result<()> {
             "install",
             "-y",
             "nginx-light",
+            "libnginx-mod-stream",
         ])
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()?;
     if !status.success() {
-        bail!("apt-get install nginx-light failed ({status})");
+        bail!("apt-get install nginx-light libnginx-mod-stream failed ({status})");
     }
     // The package starts a system nginx on port 80; the bench runs its own.
     let _ = Command::new("systemctl")
@@ -308,7 +369,7 @@ fn pod_ip(pod: &Pod) -> Result<String> {
 
 /// Runs the load inside `netns` on a thread of its own (sockets belong to the namespace of the
 /// thread that creates them), with its own single-threaded runtime.
-fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figures> {
+fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>, proto: Proto) -> Result<Figures> {
     let ns = std::fs::File::open(netns).with_context(|| format!("{}", netns.display()))?;
     std::thread::spawn(move || -> Result<Figures> {
         nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
@@ -317,14 +378,14 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>) -> Result<Figur
             .build()?;
         runtime.block_on(async {
             // Warm the path (connections, TLS, pools) before measuring.
-            saturate(addr, 4, Duration::from_secs(1)).await?;
+            saturate(addr, 4, Duration::from_secs(1), proto).await?;
             let cpu_before = cpu_time(&proxies)?;
-            let (latencies, errors) = fixed_rate(addr).await?;
+            let (latencies, errors) = fixed_rate(addr, proto).await?;
             let cpu_at_rate = cpu_time(&proxies)?.saturating_sub(cpu_before);
             let mut by_connections = [0.0; SATURATION_CONNECTIONS.len()];
             let mut best: Option<Saturation> = None;
             for (connections, rps) in SATURATION_CONNECTIONS.into_iter().zip(&mut by_connections) {
-                let level = saturation(addr, connections, &proxies).await?;
+                let level = saturation(addr, connections, &proxies, proto).await?;
                 *rps = level.rps;
                 if best.as_ref().is_none_or(|b| level.rps > b.rps) {
                     best = Some(level);
@@ -358,10 +419,21 @@ struct Saturation {
     machine_busy: f64,
 }
 
-async fn saturation(addr: SocketAddr, connections: usize, proxies: &[u32]) -> Result<Saturation> {
+async fn saturation(
+    addr: SocketAddr,
+    connections: usize,
+    proxies: &[u32],
+    proto: Proto,
+) -> Result<Saturation> {
     let cpu_before = cpu_time(proxies)?;
     let machine_before = machine_time()?;
-    let rps = saturate(addr, connections, Duration::from_secs(SATURATION_SECONDS)).await?;
+    let rps = saturate(
+        addr,
+        connections,
+        Duration::from_secs(SATURATION_SECONDS),
+        proto,
+    )
+    .await?;
     let cpu = cpu_time(proxies)?.saturating_sub(cpu_before);
     let machine = machine_time()?.since(machine_before);
     let requests = (rps * SATURATION_SECONDS as f64).max(1.0);
@@ -373,15 +445,39 @@ async fn saturation(addr: SocketAddr, connections: usize, proxies: &[u32]) -> Re
     })
 }
 
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    Ok(send)
+/// A connection of the load.
+enum Conn {
+    Http(SendRequest<Empty<Bytes>>),
+    Tcp(tokio::net::TcpStream),
 }
 
-async fn request(send: &mut SendRequest<Empty<Bytes>>, host: &str) -> Result<()> {
+async fn connect(addr: SocketAddr, proto: Proto) -> Result<Conn> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    if proto == Proto::Tcp {
+        return Ok(Conn::Tcp(stream));
+    }
+    let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(Conn::Http(send))
+}
+
+/// One exchange on `conn`: a request and its whole response, or a message and its echo.
+async fn exchange(conn: &mut Conn, host: &str) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let send = match conn {
+        Conn::Http(send) => send,
+        Conn::Tcp(stream) => {
+            let message = [b'a'; TCP_MESSAGE];
+            stream.write_all(&message).await?;
+            let mut echo = [0u8; TCP_MESSAGE];
+            stream.read_exact(&mut echo).await?;
+            if echo != message {
+                bail!("the echo differs from the message");
+            }
+            return Ok(());
+        }
+    };
     send.ready().await?;
     let response = send
         .send_request(
@@ -400,8 +496,8 @@ async fn request(send: &mut SendRequest<Empty<Bytes>>, host: &str) -> Result<()>
 
 /// `RATE` requests per second for `RATE_SECONDS`, each on an idle keep-alive connection (a new
 /// one when none is idle). Returns every latency and the number of failures.
-async fn fixed_rate(addr: SocketAddr) -> Result<(Vec<Duration>, usize)> {
-    let idle: Arc<Mutex<VecDeque<SendRequest<Empty<Bytes>>>>> = Arc::default();
+async fn fixed_rate(addr: SocketAddr, proto: Proto) -> Result<(Vec<Duration>, usize)> {
+    let idle: Arc<Mutex<VecDeque<Conn>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let errors = Arc::new(Mutex::new(0usize));
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
@@ -420,11 +516,11 @@ async fn fixed_rate(addr: SocketAddr) -> Result<(Vec<Duration>, usize)> {
             let pooled = idle.lock().unwrap().pop_front();
             let conn = match pooled {
                 Some(conn) => Ok(conn),
-                None => connect(addr).await,
+                None => connect(addr, proto).await,
             };
             let started = Instant::now();
             let result = match conn {
-                Ok(mut conn) => request(&mut conn, &host).await.map(|()| conn),
+                Ok(mut conn) => exchange(&mut conn, &host).await.map(|()| conn),
                 Err(e) => Err(e),
             };
             match result {
@@ -444,17 +540,22 @@ async fn fixed_rate(addr: SocketAddr) -> Result<(Vec<Duration>, usize)> {
 }
 
 /// Requests per second with `connections` keep-alive connections in a closed loop.
-async fn saturate(addr: SocketAddr, connections: usize, length: Duration) -> Result<f64> {
+async fn saturate(
+    addr: SocketAddr,
+    connections: usize,
+    length: Duration,
+    proto: Proto,
+) -> Result<f64> {
     let deadline = Instant::now() + length;
     let host = addr.to_string();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..connections {
         let host = host.clone();
         tasks.spawn(async move {
-            let mut conn = connect(addr).await?;
+            let mut conn = connect(addr, proto).await?;
             let mut done = 0u64;
             while Instant::now() < deadline {
-                request(&mut conn, &host).await?;
+                exchange(&mut conn, &host).await?;
                 done += 1;
             }
             Ok::<_, anyhow::Error>(done)
@@ -663,14 +764,19 @@ fn proxy_rss_kib(cluster: &Cluster, node: &str) -> Result<u64> {
 }
 
 /// Plain TCP relays in the pods' network namespaces: the client's on
-/// 127.0.0.1:`RELAY_CLIENT_PORT` to the server's, the server's to the app on its loopback.
-/// They run on threads of their own until the bench exits.
-fn start_relays(client_netns: &Path, server_netns: &Path, server_ip: &str) -> Result<()> {
+/// 127.0.0.1:`RELAY_CLIENT_PORT` to the server's, the server's to the app on its loopback at
+/// `app_port`. They run on threads of their own until the bench exits.
+fn start_relays(
+    client_netns: &Path,
+    server_netns: &Path,
+    server_ip: &str,
+    app_port: u16,
+) -> Result<()> {
     let server: SocketAddr = format!("{server_ip}:{RELAY_SERVER_PORT}").parse()?;
     relay_in(
         server_netns,
         SocketAddr::from(([0, 0, 0, 0], RELAY_SERVER_PORT)),
-        SocketAddr::from(([127, 0, 0, 1], 8080)),
+        SocketAddr::from(([127, 0, 0, 1], app_port)),
     )?;
     relay_in(
         client_netns,
@@ -682,10 +788,38 @@ fn start_relays(client_netns: &Path, server_netns: &Path, server_ip: &str) -> Re
 /// Listens on `listen` inside `netns` and copies each accepted connection to and from a new
 /// one to `to`; returns once listening.
 fn relay_in(netns: &Path, listen: SocketAddr, to: SocketAddr) -> Result<()> {
+    listen_in(netns, listen, move |mut inbound| async move {
+        let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else {
+            return;
+        };
+        let _ = outbound.set_nodelay(true);
+        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+    })
+}
+
+/// The bench's TCP echo server, on `TCP_PORT` of the pod whose network namespace is `netns`.
+fn tcp_echo_in(netns: &Path) -> Result<()> {
+    listen_in(
+        netns,
+        SocketAddr::from(([0, 0, 0, 0], TCP_PORT)),
+        |stream| async move {
+            let (mut from, mut to) = stream.into_split();
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+        },
+    )
+}
+
+/// Listens on `listen` inside `netns`, on a thread of its own with its own runtime, and serves
+/// each accepted connection with `serve`; returns once listening.
+fn listen_in<F, Served>(netns: &Path, listen: SocketAddr, serve: F) -> Result<()>
+where
+    F: Fn(tokio::net::TcpStream) -> Served + Send + 'static,
+    Served: std::future::Future<Output = ()> + Send + 'static,
+{
     let ns = std::fs::File::open(netns).with_context(|| format!("{}", netns.display()))?;
     let (ready, listening) = std::sync::mpsc::channel::<Result<()>>();
     std::thread::spawn(move || {
-        let relay = || -> Result<()> {
+        let accept = || -> Result<()> {
             nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -694,26 +828,20 @@ fn relay_in(netns: &Path, listen: SocketAddr, to: SocketAddr) -> Result<()> {
                 let listener = tokio::net::TcpListener::bind(listen).await?;
                 let _ = ready.send(Ok(()));
                 loop {
-                    let (mut inbound, _) = listener.accept().await?;
-                    tokio::spawn(async move {
-                        let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else {
-                            return;
-                        };
-                        let _ = inbound.set_nodelay(true);
-                        let _ = outbound.set_nodelay(true);
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    });
+                    let (stream, _) = listener.accept().await?;
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(serve(stream));
                 }
             })
         };
-        if let Err(e) = relay() {
+        if let Err(e) = accept() {
             let _ = ready.send(Err(e));
         }
     });
     listening
         .recv()
-        .context("the relay thread ended before listening")?
-        .with_context(|| format!("relay on {listen}"))
+        .context("the listening thread ended before listening")?
+        .with_context(|| format!("listening on {listen}"))
 }
 
 /// Two nginx processes in the pods' network namespaces, stopped on drop.
@@ -759,26 +887,33 @@ impl NginxPair {
             .join("\n")
     }
 
-    fn start(client_netns: &Path, server_netns: &Path, server_ip: &str) -> Result<NginxPair> {
+    fn start(
+        client_netns: &Path,
+        server_netns: &Path,
+        server_ip: &str,
+        proto: Proto,
+    ) -> Result<NginxPair> {
         let dir = TempDir(
             std::env::temp_dir().join(format!("aether-bench-nginx-{}", std::process::id())),
         );
         std::fs::create_dir_all(&dir.0)?;
         let d = dir.0.display().to_string();
         write_certs(&dir.0)?;
+        let module = match proto {
+            Proto::Http => String::new(),
+            Proto::Tcp => format!("load_module {NGINX_STREAM_MODULE};\n"),
+        };
         let common = |name: &str| {
             format!(
-                "daemon off; master_process off; worker_processes 1; pid {d}/{name}.pid; error_log {d}/{name}.err warn;\nevents {{ worker_connections 4096; }}\n"
+                "{module}daemon off; master_process off; worker_processes 1; pid {d}/{name}.pid; error_log {d}/{name}.err warn;\nevents {{ worker_connections 4096; }}\n"
             )
         };
-        let client_conf = format!(
-            "{}http {{ access_log off; keepalive_requests 10000000; client_body_temp_path {d}/a-body; proxy_temp_path {d}/a-proxy;\n  upstream server {{ server {server_ip}:{NGINX_SERVER_PORT}; keepalive 512; keepalive_requests 10000000; }}\n  server {{ listen 127.0.0.1:{NGINX_CLIENT_PORT};\n    location / {{ proxy_pass https://server; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;\n      proxy_ssl_certificate {d}/client.crt; proxy_ssl_certificate_key {d}/client.key;\n      proxy_ssl_trusted_certificate {d}/ca.crt; proxy_ssl_verify on; proxy_ssl_name server.mesh;\n      proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on; }} }} }}\n",
-            common("client")
-        );
-        let server_conf = format!(
-            "{}http {{ access_log off; keepalive_requests 10000000; client_body_temp_path {d}/b-body; proxy_temp_path {d}/b-proxy;\n  upstream app {{ server 127.0.0.1:8080; keepalive 512; keepalive_requests 10000000; }}\n  server {{ listen {NGINX_SERVER_PORT} ssl; ssl_protocols TLSv1.3;\n    ssl_certificate {d}/server.crt; ssl_certificate_key {d}/server.key;\n    ssl_client_certificate {d}/ca.crt; ssl_verify_client on;\n    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host; }} }} }}\n",
-            common("server")
-        );
+        let (client_conf, server_conf) = match proto {
+            Proto::Http => http_confs(&d, server_ip),
+            Proto::Tcp => stream_confs(&d, server_ip),
+        };
+        let client_conf = format!("{}{client_conf}", common("client"));
+        let server_conf = format!("{}{server_conf}", common("server"));
         std::fs::write(dir.0.join("client.conf"), client_conf)?;
         std::fs::write(dir.0.join("server.conf"), server_conf)?;
         let mut processes = Vec::new();
@@ -799,6 +934,30 @@ impl NginxPair {
         }
         Ok(NginxPair { processes, dir })
     }
+}
+
+/// The HTTP pair's configurations (client, server): keep-alive pools on both hops.
+fn http_confs(d: &str, server_ip: &str) -> (String, String) {
+    let app = Proto::Http.app_port();
+    let client_conf = format!(
+        "http {{ access_log off; keepalive_requests 10000000; client_body_temp_path {d}/a-body; proxy_temp_path {d}/a-proxy;\n  upstream server {{ server {server_ip}:{NGINX_SERVER_PORT}; keepalive 512; keepalive_requests 10000000; }}\n  server {{ listen 127.0.0.1:{NGINX_CLIENT_PORT};\n    location / {{ proxy_pass https://server; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host;\n      proxy_ssl_certificate {d}/client.crt; proxy_ssl_certificate_key {d}/client.key;\n      proxy_ssl_trusted_certificate {d}/ca.crt; proxy_ssl_verify on; proxy_ssl_name server.mesh;\n      proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on; }} }} }}\n"
+    );
+    let server_conf = format!(
+        "http {{ access_log off; keepalive_requests 10000000; client_body_temp_path {d}/b-body; proxy_temp_path {d}/b-proxy;\n  upstream app {{ server 127.0.0.1:{app}; keepalive 512; keepalive_requests 10000000; }}\n  server {{ listen {NGINX_SERVER_PORT} ssl; ssl_protocols TLSv1.3;\n    ssl_certificate {d}/server.crt; ssl_certificate_key {d}/server.key;\n    ssl_client_certificate {d}/ca.crt; ssl_verify_client on;\n    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host; }} }} }}\n"
+    );
+    (client_conf, server_conf)
+}
+
+/// The TCP pair's configurations (client, server): nginx's stream module, TLS 1.3 with client
+/// certificates between the two, a TLS connection per client connection (stream has no pool).
+fn stream_confs(d: &str, server_ip: &str) -> (String, String) {
+    let client_conf = format!(
+        "stream {{ server {{ listen 127.0.0.1:{NGINX_CLIENT_PORT}; proxy_pass {server_ip}:{NGINX_SERVER_PORT};\n    proxy_ssl on; proxy_ssl_certificate {d}/client.crt; proxy_ssl_certificate_key {d}/client.key;\n    proxy_ssl_trusted_certificate {d}/ca.crt; proxy_ssl_verify on; proxy_ssl_name server.mesh;\n    proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on; }} }}\n"
+    );
+    let server_conf = format!(
+        "stream {{ server {{ listen {NGINX_SERVER_PORT} ssl; ssl_protocols TLSv1.3;\n    ssl_certificate {d}/server.crt; ssl_certificate_key {d}/server.key;\n    ssl_client_certificate {d}/ca.crt; ssl_verify_client on;\n    proxy_pass 127.0.0.1:{TCP_PORT}; }} }}\n"
+    );
+    (client_conf, server_conf)
 }
 
 /// A CA and two leaf certificates (client and server), as PEM files in `dir`.

@@ -56,9 +56,12 @@ A proxy started while another runs on the node (a rolling update) takes over the
 sockets through --handover-socket: the admin socket at once, the CNI socket and every pod's \
 listeners once its caches are synced. The other then drains its connections and waits for \
 SIGTERM. No socket closes, so no connection is refused. With --holder-socket, a holder process \
-(`aether-proxy hold`) keeps copies of the sockets, which a proxy restarted after a crash takes; with --svid-dir, the SVIDs are kept there too.
+(`aether-proxy hold`) keeps copies of the sockets, which a proxy restarted after a crash takes; \
+with --svid-dir (a memory-backed volume of the pod), the SVIDs outlive that crash too.
 
-A proxy started while the API server does not answer serves from the watch caches the last run saved in --state-dir (Services, EndpointSlices, Namespaces, its NodeConfig, the trust bundle) until the API server is back.
+A proxy started while the API server does not answer serves from the watch caches the last run \
+saved in --state-dir (Services, EndpointSlices, Namespaces, its NodeConfig, the trust bundle) \
+until the API server is back.
 
 SIGTERM or SIGINT: stop serving the plugin, close every listener, give open connections \
 --drain-seconds to finish. The registry stays for the next start, unless aether is being \

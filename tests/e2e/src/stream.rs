@@ -19,6 +19,10 @@ use crate::echo;
 use crate::mesh::{ECHO_IMAGE, MESH_NS, TRUST_DOMAIN, wait_accepted, wait_nodes_applied};
 
 const POD: &str = "stream";
+/// The echo client, its output cut to the lines read here (status, backend, identity, errors):
+/// its whole output (about 20 lines a request) written as it exits can lose its tail in the
+/// runtime's log (containerd/containerd#7289). The client's own status is the pod's.
+const CLIENT: &str = "set -o pipefail; client \"$@\" 2>&1 | grep -iE '^\\[[0-9]+\\] StatusCode=|^\\[[0-9]+ body\\] (Hostname=|RequestHeader=x-aether-client-identity:)|error'";
 
 /// Requests a SIGKILL of a proxy may fail: those it was serving at that moment (a stream's
 /// requests take milliseconds, 50 ms apart or more; its client may hold two connections).
@@ -88,7 +92,7 @@ impl Stream {
                 "serviceAccountName": POD,
                 "restartPolicy": "Never",
                 "containers": [{
-                    "name": "client", "image": ECHO_IMAGE, "command": ["client"],
+                    "name": "client", "image": ECHO_IMAGE, "command": ["sh", "-c", CLIENT, "sh"],
                     "args": [url, "--count", count.to_string(), "--qps", qps.to_string(), "--timeout", timeout],
                 }],
             },
