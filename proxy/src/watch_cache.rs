@@ -272,6 +272,30 @@ mod tests {
         }
     }
 
+    type Feed = futures::channel::mpsc::UnboundedSender<watcher::Result<watcher::Event<Service>>>;
+
+    /// A cache kept by [`keep`] from `first` and then what is fed, saved in `saved`.
+    fn kept(
+        saved: &SavedCache,
+        first: impl IntoIterator<Item = watcher::Event<Service>>,
+    ) -> (Feed, Store<Service>) {
+        let (feed, events) = futures::channel::mpsc::unbounded();
+        for event in first {
+            feed.unbounded_send(Ok(event)).unwrap();
+        }
+        let (store, writer) = reflector::store();
+        let changed = Arc::default();
+        tokio::spawn(keep(
+            events,
+            writer,
+            store.clone(),
+            changed,
+            saved.clone(),
+            FAST,
+        ));
+        (feed, store)
+    }
+
     const FAST: Timing = Timing {
         seed_after: Duration::from_millis(50),
         save_every: Duration::from_millis(50),
@@ -284,19 +308,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("aether-watch-seed-{}", std::process::id()));
         let saved = SavedCache::new(&dir, "services");
         saved.save(&[service("old"), service("gone")]).unwrap();
-        let (feed, events) = futures::channel::mpsc::unbounded();
         // The watcher says this before every attempt to list, answered or not.
-        feed.unbounded_send(Ok(watcher::Event::Init)).unwrap();
-        let (store, writer) = reflector::store();
-        let keeping = keep(
-            events,
-            writer,
-            store.clone(),
-            Arc::default(),
-            saved.clone(),
-            FAST,
-        );
-        tokio::spawn(keeping);
+        let (feed, store) = kept(&saved, [watcher::Event::Init]);
         tokio::time::timeout(Duration::from_secs(5), store.wait_until_ready())
             .await
             .unwrap()
@@ -322,19 +335,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("aether-watch-listing-{}", std::process::id()));
         let saved = SavedCache::new(&dir, "services");
         saved.save(&[service("stale")]).unwrap();
-        let (feed, events) = futures::channel::mpsc::unbounded();
-        let (store, writer) = reflector::store();
-        feed.unbounded_send(Ok(watcher::Event::Init)).unwrap();
-        feed.unbounded_send(Ok(watcher::Event::InitApply(service("fresh"))))
-            .unwrap();
-        tokio::spawn(keep(
-            events,
-            writer,
-            store.clone(),
-            Arc::default(),
-            saved.clone(),
-            FAST,
-        ));
+        let (feed, store) = kept(
+            &saved,
+            [
+                watcher::Event::Init,
+                watcher::Event::InitApply(service("fresh")),
+            ],
+        );
         tokio::time::sleep(FAST.seed_after * 4).await;
         assert!(store.is_empty(), "the saved cache was served during a list");
         feed.unbounded_send(Ok(watcher::Event::InitDone)).unwrap();

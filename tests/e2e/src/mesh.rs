@@ -271,20 +271,24 @@ pub fn unmesh_workloads(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// `kubectl get pods` of the node proxies, with `args` (a field selector, `-o ...`).
+pub fn get_proxy_pods(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    let mut argv = vec!["-n", "aether-system", "get", "pods", "-l", PROXY_PODS];
+    argv.extend_from_slice(args);
+    cluster.kubectl(&argv)
+}
+
 /// A field (a JSONPath below the pod, e.g. `metadata.name`) of the proxy pod on `node`.
 pub fn proxy_pod_field(cluster: &Cluster, node: &str, field: &str) -> Result<String> {
-    let value = cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "get",
-        "pods",
-        "-l",
-        PROXY_PODS,
-        "--field-selector",
-        &format!("spec.nodeName={node}"),
-        "-o",
-        &format!("jsonpath={{.items[0].{field}}}"),
-    ])?;
+    let value = get_proxy_pods(
+        cluster,
+        &[
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            &format!("jsonpath={{.items[0].{field}}}"),
+        ],
+    )?;
     if value.trim().is_empty() {
         bail!("no proxy pod on {node} (or no {field})");
     }
@@ -295,16 +299,7 @@ pub fn proxy_pod_field(cluster: &Cluster, node: &str, field: &str) -> Result<Str
 /// DaemonSet: the kubelet restarts a container that crashed in the last 10 minutes only after
 /// a back-off of 10 s or more, so a test that crashes a proxy starts from fresh pods.
 pub fn replace_restarted_proxies(cluster: &Cluster) -> Result<()> {
-    let text = cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "get",
-        "pods",
-        "-l",
-        PROXY_PODS,
-        "-o",
-        "json",
-    ])?;
+    let text = get_proxy_pods(cluster, &["-o", "json"])?;
     let list: Value = serde_json::from_str(&text)?;
     let mut replaced = false;
     for pod in list["items"].as_array().context("pod list")? {

@@ -148,17 +148,7 @@ impl Stream {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
-        // The runtime may still be writing the log's tail out when the pod is done: read until
-        // it stops growing.
-        let mut log = cluster.logs(&pod, "client")?;
-        for _ in 0..10 {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let again = cluster.logs(&pod, "client")?;
-            if again == log {
-                break;
-            }
-            log = again;
-        }
+        let log = cluster.logs(&pod, "client")?;
         let mut exchanges = echo::parse(&log);
         exchanges.sort_by_key(|e| e.index);
         let succeeded = phase(&pod) == "Succeeded";
@@ -252,16 +242,7 @@ fn phase(pod: &Pod) -> String {
 /// SVIDs the node proxies obtained so far, from each proxy's `/metrics` (through the API
 /// server's proxy to the pod's admin port).
 pub fn svids_issued(cluster: &Cluster) -> Result<u64> {
-    let text = cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "get",
-        "pods",
-        "-l",
-        crate::mesh::PROXY_PODS,
-        "-o",
-        "json",
-    ])?;
+    let text = crate::mesh::get_proxy_pods(cluster, &["-o", "json"])?;
     let list: Value = serde_json::from_str(&text)?;
     let mut total = 0;
     for pod in list["items"].as_array().context("pod list")? {

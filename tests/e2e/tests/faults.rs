@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aether_e2e::Cluster;
 use aether_e2e::mesh::{
-    Accounts, MESH_NS, PROXY_PODS, install, mesh_workloads, proxy_pod_field,
+    Accounts, MESH_NS, get_proxy_pods, install, mesh_workloads, proxy_pod_field,
     replace_restarted_proxies, uninstall, unmesh_workloads, wait_nodes_applied,
 };
 use aether_e2e::process::{process_of, signal};
@@ -159,16 +159,7 @@ async fn a_rolling_update_of_the_proxies_fails_no_request(cluster: &Cluster) -> 
 
 /// The names of the proxies' pods, terminating ones included.
 fn proxy_pods(cluster: &Cluster) -> Result<Vec<String>> {
-    let names = cluster.kubectl(&[
-        "-n",
-        "aether-system",
-        "get",
-        "pods",
-        "-l",
-        PROXY_PODS,
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ])?;
+    let names = get_proxy_pods(cluster, &["-o", "jsonpath={.items[*].metadata.name}"])?;
     Ok(names.split_whitespace().map(str::to_owned).collect())
 }
 
