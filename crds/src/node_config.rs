@@ -40,12 +40,20 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeConfigSpec {
-    /// `ClusterIP:port` of every route target in the mesh (`10.96.0.10:80`,
-    /// `[fd00::10]:80`): a meshed pod never reaches a route target unmeshed, whatever it
-    /// dials. Plain strings, because every node holds all of them; the proxy knows each
-    /// Service's ClusterIPs from its Service watch.
+    /// What every meshed pod captures: the `ClusterIP:port` of every route target with a
+    /// producer route and of every Service with a meshed endpoint (`10.96.0.10:80`,
+    /// `[fd00::10]:80`), and the `podIP:port` of the meshed endpoints of headless Services.
+    /// A meshed pod never reaches them unmeshed, whatever it dials. Plain strings, because
+    /// every node holds all of them; the proxy knows which Service each is from its watch.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capture_addresses: Vec<String>,
+    /// Addresses captured for the pods of one namespace only: the route targets whose only
+    /// routes are consumer routes of that namespace (GEP-1294), with no meshed endpoint. A
+    /// route in one namespace never changes how the pods of another reach a Service. Only
+    /// the namespaces with meshed pods on the node are listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespace_capture: Vec<NamespaceCapture>,
+    /// How many addresses `captureAddresses` and `namespaceCapture` hold together.
     #[serde(default)]
     pub capture_count: i32,
 
@@ -60,6 +68,14 @@ pub struct NodeConfigSpec {
     /// take mTLS.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<ServiceIdentities>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceCapture {
+    pub namespace: String,
+    /// `ClusterIP:port`, as in `captureAddresses`.
+    pub addresses: Vec<String>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

@@ -67,6 +67,8 @@ pub struct Index {
     pub ready_endpoints: BTreeMap<Key, usize>,
     /// Every endpoint address of each Service, ready or not.
     pub endpoint_addresses: BTreeMap<Key, BTreeSet<String>>,
+    /// Every endpoint address of each Service with each TCP port its slice gives it.
+    pub endpoint_sockets: BTreeMap<Key, BTreeSet<(String, u16)>>,
     /// Node name -> the config generation its proxy reports as applied, and the
     /// generation of the object.
     pub node_configs: BTreeMap<String, (Option<i64>, Option<i64>)>,
@@ -131,6 +133,7 @@ impl Index {
     pub fn clear_endpoints(&mut self, namespace: Option<&str>) {
         clear_namespace(&mut self.ready_endpoints, |k| &k.0, namespace);
         clear_namespace(&mut self.endpoint_addresses, |k| &k.0, namespace);
+        clear_namespace(&mut self.endpoint_sockets, |k| &k.0, namespace);
     }
 
     pub fn add_service(&mut self, service: &Service) {
@@ -305,6 +308,20 @@ impl Index {
                     .flatten()
                     .flat_map(|e| e.addresses.iter().cloned()),
             );
+        let ports: Vec<u16> = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+            .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
+            .collect();
+        let sockets = self
+            .endpoint_sockets
+            .entry(key(&namespace, service))
+            .or_default();
+        for address in slice.endpoints.iter().flatten().flat_map(|e| &e.addresses) {
+            sockets.extend(ports.iter().map(|&port| (address.clone(), port)));
+        }
     }
 
     pub fn add_node_config(&mut self, config: &NodeConfig) {

@@ -1,43 +1,113 @@
-//! Per-node config, as a pure function: the capture set of the whole mesh, and the route
-//! tables and backend identities that this node's meshed pods may need (demand scope). A
-//! Service with meshed endpoints and no route is captured too, with an identity route: an
-//! empty table, so every request goes to its own endpoints, over mTLS to the meshed ones.
+//! Per-node config, as a pure function: the capture set of the whole mesh (with the part
+//! that only some namespaces' pods capture), and the route tables and backend identities
+//! that this node's meshed pods may need (demand scope). A Service with meshed endpoints and
+//! no route is captured too, with an identity route: an empty table, so every request goes
+//! to its own endpoints, over mTLS to the meshed ones.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
-use aether_crds::node_config::{NodeConfigSpec, ServiceIdentities, TargetTable};
+use aether_crds::node_config::{NamespaceCapture, NodeConfigSpec, ServiceIdentities, TargetTable};
 use aether_routing::table::BackendTarget;
 use aether_routing::{RouteTable, ServiceKind};
 
 use crate::index::{Index, Key, key};
 use crate::targets::Target;
 
-/// `ClusterIP:port` of every one of `services`, sorted by address.
-pub fn capture_set<'a>(index: &Index, services: impl Iterator<Item = &'a Key>) -> Vec<String> {
-    let mut capture: Vec<SocketAddr> = services
-        .filter_map(|k| index.services.get(k))
-        .flat_map(|service| {
-            service
-                .cluster_ips
-                .iter()
-                .filter_map(|ip| ip.parse::<IpAddr>().ok())
-                .flat_map(|ip| {
-                    service
-                        .info
-                        .ports
-                        .iter()
-                        .map(move |p| SocketAddr::new(ip, p.port))
-                })
-        })
-        .collect();
-    capture.sort();
-    capture.dedup();
-    capture.iter().map(SocketAddr::to_string).collect()
+/// The addresses a meshed pod dials to reach `service`: its `ClusterIP:port`s, or for a
+/// headless Service the `podIP:port` of its meshed endpoints (its callers dial the pods).
+/// Only the pods it selects, all in its own namespace: EndpointSlices are written by anyone
+/// in the namespace, and one naming another namespace's pods must not take over how every
+/// meshed pod reaches them.
+fn service_addresses(index: &Index, service: &Key, meshed: &BTreeSet<String>) -> Vec<SocketAddr> {
+    let Some(data) = index.services.get(service) else {
+        return Vec::new();
+    };
+    match data.info.kind {
+        ServiceKind::ClusterIp => data
+            .cluster_ips
+            .iter()
+            .filter_map(|ip| ip.parse::<IpAddr>().ok())
+            .flat_map(|ip| {
+                data.info
+                    .ports
+                    .iter()
+                    .map(move |p| SocketAddr::new(ip, p.port))
+            })
+            .collect(),
+        ServiceKind::Headless => {
+            let own: BTreeSet<&String> = index
+                .selected_pods(service)
+                .flat_map(|(_, pod)| &pod.ips)
+                .filter(|ip| meshed.contains(*ip))
+                .collect();
+            index
+                .endpoint_sockets
+                .get(service)
+                .into_iter()
+                .flatten()
+                .filter(|(address, _)| own.contains(address))
+                .filter_map(|(address, port)| Some(SocketAddr::new(address.parse().ok()?, *port)))
+                .collect()
+        }
+        ServiceKind::ExternalName => Vec::new(),
+    }
 }
 
-/// The ClusterIP Services with no route target that have a meshed endpoint: captured with an
-/// identity route.
+/// The capture set: what every meshed pod captures, and what only the pods of one
+/// namespace do (per namespace), sorted, none of the latter among the former.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Capture {
+    pub everyone: Vec<String>,
+    pub namespaces: BTreeMap<String, Vec<String>>,
+}
+
+/// Every pod captures the Services with an identity route, and the route targets with a
+/// producer route or a meshed endpoint. A target whose only routes are consumer routes is
+/// captured for the pods of those routes' namespaces alone (GEP-1294: a consumer route
+/// applies to its own namespace's clients), so that a route in one namespace never changes
+/// how another namespace's pods reach a Service.
+pub fn capture(
+    index: &Index,
+    targets: &BTreeMap<Key, Target>,
+    identity_routed: &BTreeSet<Key>,
+    meshed: &BTreeSet<String>,
+) -> Capture {
+    let mut everyone: BTreeSet<SocketAddr> = BTreeSet::new();
+    let mut namespaces: BTreeMap<String, BTreeSet<SocketAddr>> = BTreeMap::new();
+    for key in identity_routed {
+        everyone.extend(service_addresses(index, key, meshed));
+    }
+    for (key, target) in targets {
+        let addresses = service_addresses(index, key, meshed);
+        let ports = &target.compiled.table.ports;
+        if ports.iter().any(|p| p.producer.is_some())
+            || !index.meshed_endpoints(key, meshed).is_empty()
+        {
+            everyone.extend(addresses);
+            continue;
+        }
+        for namespace in ports.iter().flat_map(|p| p.consumers.keys()) {
+            namespaces
+                .entry(namespace.clone())
+                .or_default()
+                .extend(addresses.iter().copied());
+        }
+    }
+    let strings = |set: &BTreeSet<SocketAddr>| set.iter().map(SocketAddr::to_string).collect();
+    Capture {
+        namespaces: namespaces
+            .into_iter()
+            .map(|(namespace, set)| (namespace, set.difference(&everyone).copied().collect()))
+            .filter(|(_, set): &(String, BTreeSet<SocketAddr>)| !set.is_empty())
+            .map(|(namespace, set)| (namespace, strings(&set)))
+            .collect(),
+        everyone: strings(&everyone),
+    }
+}
+
+/// The Services with no route target that have a meshed endpoint to capture: captured with
+/// an identity route.
 pub fn identity_routed(
     index: &Index,
     targets: &BTreeMap<Key, Target>,
@@ -45,14 +115,13 @@ pub fn identity_routed(
 ) -> BTreeSet<Key> {
     index
         .services
-        .iter()
-        .filter(|(k, service)| {
+        .keys()
+        .filter(|k| {
             !targets.contains_key(*k)
-                && service.info.kind == ServiceKind::ClusterIp
-                && !service.cluster_ips.is_empty()
                 && !index.meshed_endpoints(k, meshed).is_empty()
+                && !service_addresses(index, k, meshed).is_empty()
         })
-        .map(|(k, _)| k.clone())
+        .cloned()
         .collect()
 }
 
@@ -133,7 +202,7 @@ pub struct Clients {
 /// What every node's config is cut from, computed once per pass: identities and meshed
 /// endpoints, each target's serialised table, and each node's clients.
 pub struct Shared {
-    pub capture: Vec<String>,
+    pub capture: Capture,
     pub identities: BTreeMap<Key, Vec<String>>,
     pub meshed: BTreeMap<Key, Vec<String>>,
     pub tables: BTreeMap<Key, serde_json::Value>,
@@ -168,7 +237,7 @@ impl Shared {
                 .map(|k| (k.clone(), index.identities(trust_domain, k))),
         );
         Shared {
-            capture: capture_set(index, targets.keys().chain(&identity_routed)),
+            capture: capture(index, targets, &identity_routed, &meshed),
             identities,
             meshed: routed_services(targets)
                 .chain(identity_routed.iter().cloned())
@@ -225,9 +294,19 @@ fn routed_services(targets: &BTreeMap<Key, Target>) -> impl Iterator<Item = Key>
 }
 
 pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared) -> NodeConfigSpec {
-    let capture = shared.capture.clone();
+    let capture = shared.capture.everyone.clone();
     let identities = &shared.identities;
     let clients = shared.clients.get(node);
+    let namespace_capture: Vec<NamespaceCapture> = shared
+        .capture
+        .namespaces
+        .iter()
+        .filter(|(namespace, _)| clients.is_some_and(|c| c.namespaces.contains(*namespace)))
+        .map(|(namespace, addresses)| NamespaceCapture {
+            namespace: namespace.clone(),
+            addresses: addresses.clone(),
+        })
+        .collect();
     let (wanted, client_namespaces) = demand(clients, targets);
     // Identity routes in the same scope as route targets: the namespaces of the node's
     // clients, what they depend on, and what the node's proxy asked for.
@@ -296,8 +375,13 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
         })
         .collect();
     NodeConfigSpec {
-        capture_count: capture.len() as i32,
+        capture_count: (capture.len()
+            + namespace_capture
+                .iter()
+                .map(|c| c.addresses.len())
+                .sum::<usize>()) as i32,
         capture_addresses: capture,
+        namespace_capture,
         table_count: tables.len() as i32,
         tables,
         identities,

@@ -300,12 +300,29 @@ fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
             .map(|t| format!("{}/{}", t.namespace, t.service))
             .collect()
     };
+    let v1: Vec<String> = ["10.96.0.21:80", "10.96.0.21:7070"]
+        .map(String::from)
+        .into();
     for node in ["node-1", "node-2", "node-3", "node-4"] {
         let config = node_config(node, &targets, &Shared::new(&index, &targets, TD));
         assert_eq!(
-            config.capture_count, 4,
-            "echo and v1, two ports each: every node captures every target"
+            config.capture_addresses.len(),
+            2,
+            "{node}: echo's two ports, as echo has a producer route"
         );
+        assert!(config.capture_addresses.iter().all(|a| !v1.contains(a)));
+        // v1 has only a consumer route, of `clients`, and no meshed endpoint: only that
+        // namespace's pods capture it, and only node-3 has pods of it.
+        let scoped: Vec<(&str, &[String])> = (config.namespace_capture.iter())
+            .map(|c| (c.namespace.as_str(), c.addresses.as_slice()))
+            .collect();
+        if node == "node-3" {
+            assert_eq!(scoped, [("clients", v1.as_slice())]);
+            assert_eq!(config.capture_count, 4);
+        } else {
+            assert!(scoped.is_empty(), "{node}: {scoped:?}");
+            assert_eq!(config.capture_count, 2);
+        }
     }
     assert_eq!(
         tables("node-1"),
@@ -495,7 +512,7 @@ fn a_service_with_meshed_endpoints_and_no_route_is_captured_with_an_identity_rou
     let config =
         |index: &Index, node: &str| node_config(node, &targets, &Shared::new(index, &targets, TD));
     // Not captured until its pod's own node reports it.
-    assert_eq!(config(&index, "node-1").capture_count, 4);
+    assert_eq!(config(&index, "node-1").capture_addresses.len(), 2);
     index.add_node_config(
         &serde_json::from_value(json!({
             "metadata": {"name": "node-2", "generation": 3},
@@ -505,7 +522,7 @@ fn a_service_with_meshed_endpoints_and_no_route_is_captured_with_an_identity_rou
         .unwrap(),
     );
     let node1 = config(&index, "node-1");
-    assert_eq!(node1.capture_count, 6, "and lonely's two ports");
+    assert_eq!(node1.capture_addresses.len(), 4, "and lonely's two ports");
     assert!(
         node1
             .capture_addresses
@@ -530,6 +547,58 @@ fn a_service_with_meshed_endpoints_and_no_route_is_captured_with_an_identity_rou
     // A node without clients in `mesh` captures it (the capture set is the mesh's) but gets
     // its table only on demand.
     let node4 = config(&index, "node-4");
-    assert_eq!(node4.capture_count, 6);
+    assert_eq!(node4.capture_addresses.len(), 4);
     assert!(node4.tables.is_empty());
+}
+
+#[test]
+fn a_headless_services_own_meshed_pods_are_captured_by_their_addresses() {
+    let mut index = index();
+    let mut headless = service("db", "None", json!({"app": "db"}));
+    headless.spec.as_mut().unwrap().cluster_ips = Some(vec!["None".into()]);
+    index.add_service(&headless);
+    for (namespace, name, ip, labels) in [
+        (MESH, "db-0", "10.244.2.20", json!({"app": "db"})),
+        (MESH, "db-1", "10.244.2.21", json!({"app": "db"})),
+        // Meshed, captured, but another namespace's: the slice below names it by hand.
+        (CLIENTS, "victim", "10.244.2.30", json!({"app": "db"})),
+    ] {
+        let mut pod = pod(namespace, name, "node-2", "sa-db", labels, json!({}));
+        pod.status = Some(serde_json::from_value(json!({"podIPs": [{"ip": ip}]})).unwrap());
+        index.add_pod(&pod);
+    }
+    index.add_endpoint_slice(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "db-1", "namespace": MESH, "labels": {"kubernetes.io/service-name": "db"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}, {"name": "dns", "port": 53, "protocol": "UDP"}],
+            "endpoints": [{"addresses": ["10.244.2.20"]}, {"addresses": ["10.244.2.21"]}, {"addresses": ["10.244.2.30"]}],
+        }))
+        .unwrap(),
+    );
+    // db-1 is not captured by its node (opted out, or not yet): plain, and not captured.
+    index.add_node_config(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "node-2", "generation": 3},
+            "spec": {},
+            "status": {"capturedPods": ["mesh/db-0", "clients/victim"]},
+        }))
+        .unwrap(),
+    );
+    let targets = compile_all(&index);
+    let config = node_config("node-1", &targets, &Shared::new(&index, &targets, TD));
+    let headless: Vec<&String> = (config.capture_addresses.iter())
+        .filter(|a| a.starts_with("10.244."))
+        .collect();
+    assert_eq!(headless, ["10.244.2.20:5432"]);
+    let db = config
+        .identities
+        .iter()
+        .find(|s| s.service == "db")
+        .unwrap();
+    assert_eq!(db.identities, ["spiffe://cluster.local/ns/mesh/sa/sa-db"]);
+    assert!(
+        config.tables.iter().any(|t| t.service == "db"),
+        "an identity route"
+    );
 }

@@ -220,7 +220,12 @@ impl Agent {
                 continue;
             }
             let id = pod.container_id.clone();
-            match nft::replace_elements(&self.nft, &pod.netns, pod.families(), &capture.targets) {
+            match nft::replace_elements(
+                &self.nft,
+                &pod.netns,
+                pod.families(),
+                &pod.elements(&capture),
+            ) {
                 Ok(()) => {
                     next.set_generation(&id, capture.generation);
                     update.updated.push(id);
@@ -264,7 +269,7 @@ impl Agent {
         debug!(?request, "CNI request");
         match request {
             Request::Ping => Response::Pong,
-            Request::Add { pod, .. } => self.add(&pod),
+            Request::Add { pod, ips, .. } => self.add(&pod, &ips),
             Request::Register {
                 pod,
                 container_id,
@@ -304,14 +309,14 @@ impl Agent {
         }
     }
 
-    fn add(&self, pod: &PodRef) -> Response {
+    fn add(&self, pod: &PodRef, ips: &[IpAddr]) -> Response {
         match pod_view::meshing(&*self.view, pod) {
             Ok(Meshing::Unmeshed { reason }) => Response::Decision(Decision::Unmeshed { reason }),
             Ok(Meshing::Meshed) => {
                 let capture = self.lock().capture.clone();
                 Response::Decision(Decision::Meshed(CapturePlan {
                     capture_port: self.capture_port,
-                    targets: capture.targets,
+                    targets: capture.for_pod(&pod.namespace, ips),
                     generation: capture.generation,
                     strict: self.strict_port(pod).map(|inbound_port| {
                         let probes = self.probes(pod);
@@ -358,9 +363,12 @@ impl Agent {
         };
         // The capture set may have changed between the plugin's `add` and this `register`.
         if pod.generation != capture.generation {
-            if let Err(e) =
-                nft::replace_elements(&self.nft, &pod.netns, pod.families(), &capture.targets)
-            {
+            if let Err(e) = nft::replace_elements(
+                &self.nft,
+                &pod.netns,
+                pod.families(),
+                &pod.elements(capture),
+            ) {
                 undo(listeners);
                 return error_reply(
                     ErrorKind::Internal,
@@ -480,7 +488,7 @@ impl Agent {
                 Ok(drift) if drift.is_empty() => {}
                 Ok(drift) => {
                     let what = format!("{drift:?}");
-                    match nft::install(&self.nft, &pod.netns, &spec, &capture.targets) {
+                    match nft::install(&self.nft, &pod.netns, &spec, &pod.elements(capture)) {
                         Ok(()) => {
                             warn!(pod = %pod.pod, drift = %what, "repaired a pod's capture table");
                             repairs.push(Repair {
@@ -548,7 +556,7 @@ impl Agent {
                 &self.nft,
                 &registered.netns,
                 &self.table_spec(&registered),
-                &capture.targets,
+                &registered.elements(capture),
             )
             .map_err(|e| format!("cannot install the capture table: {e}"))
             .and_then(|()| {
@@ -777,7 +785,7 @@ impl Agent {
                 &self.nft,
                 &pod.netns,
                 &self.table_spec(&updated),
-                &state.capture.targets,
+                &updated.elements(&state.capture),
             ) {
                 Ok(()) => {
                     info!(pod = %pod.pod, strict = want.is_some(), "changed the pod's mTLS mode");

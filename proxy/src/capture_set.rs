@@ -1,10 +1,13 @@
-//! The capture set: every route-target ClusterIP:port that a meshed pod's table redirects to
-//! the proxy. Its source is the node's NodeConfig (or a JSON file, for a proxy run without a
+//! The capture set: every address a meshed pod's table redirects to the proxy. Most are for
+//! every pod (route targets' and meshed Services' ClusterIP:ports, the meshed pods behind
+//! headless Services); the targets of consumer-only routes are for the pods of the routes'
+//! namespaces alone. Its source is the node's NodeConfig (or a JSON file, for a proxy run without a
 //! cluster); the set the pods' tables were last brought to is kept in the state directory, so
 //! a proxy that restarts while the NodeConfig is missing keeps capturing what it did.
 
+use std::collections::BTreeMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -12,11 +15,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CaptureSet {
-    /// Changes whenever `targets` does. Each registered pod records the generation its table
-    /// holds, so an update only touches the pods that are behind.
+    /// Changes whenever `targets` or `namespaces` does. Each registered pod records the
+    /// generation its table holds, so an update only touches the pods that are behind.
     pub generation: u64,
-    /// Sorted and free of duplicates (see [`CaptureSet::parse`]).
+    /// Captured for every pod. Sorted and free of duplicates (see [`CaptureSet::parse`]).
     pub targets: Vec<SocketAddr>,
+    /// Captured for the pods of one namespace only, as the consumer routes of that namespace
+    /// apply to them alone. Sorted and free of duplicates; never one of `targets`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, Vec<SocketAddr>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +58,49 @@ impl CaptureSet {
     pub fn parse(text: &str) -> Result<CaptureSet, InvalidCaptureSet> {
         let mut set: CaptureSet =
             serde_json::from_str(text).map_err(|e| InvalidCaptureSet::Syntax(e.to_string()))?;
-        if let Some(target) = set.targets.iter().find(|t| t.port() == 0) {
+        let all = set.targets.iter().chain(set.namespaces.values().flatten());
+        if let Some(target) = all.into_iter().find(|t| t.port() == 0) {
             return Err(InvalidCaptureSet::PortZero(*target));
         }
-        set.targets.sort();
-        set.targets.dedup();
+        set.normalise();
         Ok(set)
+    }
+
+    /// Sorts and dedups every list, and keeps out of `namespaces` what is in `targets`.
+    pub fn normalise(&mut self) {
+        self.targets.sort();
+        self.targets.dedup();
+        for scoped in self.namespaces.values_mut() {
+            scoped.retain(|t| self.targets.binary_search(t).is_err());
+            scoped.sort();
+            scoped.dedup();
+        }
+        self.namespaces.retain(|_, scoped| !scoped.is_empty());
+    }
+
+    /// What the table of a pod of `namespace` with addresses `own` holds: never the pod's own
+    /// addresses, as what a pod sends itself stays in the pod (and the inbound side delivers
+    /// to the pod's own address from inside it: capturing that would loop).
+    pub fn for_pod(&self, namespace: &str, own: &[IpAddr]) -> Vec<SocketAddr> {
+        let scoped = self.namespaces.get(namespace).into_iter().flatten();
+        let mut out: Vec<SocketAddr> = self
+            .targets
+            .iter()
+            .chain(scoped)
+            .filter(|t| !own.contains(&t.ip()))
+            .copied()
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Whether a pod of `namespace` has `address` captured.
+    pub fn captures(&self, namespace: &str, address: &SocketAddr) -> bool {
+        self.targets.binary_search(address).is_ok()
+            || self
+                .namespaces
+                .get(namespace)
+                .is_some_and(|scoped| scoped.binary_search(address).is_ok())
     }
 
     pub fn load(path: &Path) -> Result<CaptureSet, CaptureSetError> {
@@ -114,6 +158,38 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_gets_the_common_targets_its_namespaces_and_never_its_own_addresses() {
+        let set = CaptureSet::parse(
+            r#"{"generation": 2, "targets": ["10.96.0.10:80", "10.244.1.5:8080", "10.244.1.6:8080"],
+                "namespaces": {"shop": ["10.96.0.20:80", "10.96.0.10:80"], "empty": ["10.96.0.10:80"]}}"#,
+        )
+        .unwrap();
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(set.namespaces.len(), 1, "{set:?}");
+        assert_eq!(set.namespaces["shop"], [addr("10.96.0.20:80")]);
+        let own = ["10.244.1.5".parse().unwrap()];
+        assert_eq!(
+            set.for_pod("shop", &own),
+            [
+                addr("10.96.0.10:80"),
+                addr("10.96.0.20:80"),
+                addr("10.244.1.6:8080")
+            ]
+        );
+        assert_eq!(
+            set.for_pod("other", &[]),
+            [
+                addr("10.96.0.10:80"),
+                addr("10.244.1.5:8080"),
+                addr("10.244.1.6:8080")
+            ]
+        );
+        assert!(set.captures("shop", &addr("10.96.0.20:80")));
+        assert!(!set.captures("other", &addr("10.96.0.20:80")));
+        assert!(set.captures("other", &addr("10.96.0.10:80")));
+    }
+
+    #[test]
     fn an_empty_set_is_valid() {
         assert_eq!(
             CaptureSet::parse(r#"{"generation": 0, "targets": []}"#).unwrap(),
@@ -141,6 +217,12 @@ mod tests {
         }
         assert_eq!(
             CaptureSet::parse(r#"{"generation": 1, "targets": ["10.96.0.10:0"]}"#),
+            Err(InvalidCaptureSet::PortZero("10.96.0.10:0".parse().unwrap()))
+        );
+        assert_eq!(
+            CaptureSet::parse(
+                r#"{"generation": 1, "targets": [], "namespaces": {"a": ["10.96.0.10:0"]}}"#
+            ),
             Err(InvalidCaptureSet::PortZero("10.96.0.10:0".parse().unwrap()))
         );
     }

@@ -75,6 +75,9 @@ pub struct Snapshot {
     pub captured: HashMap<SocketAddr, ServiceKey>,
     /// The Service behind every ClusterIP:port the watch has delivered.
     pub addresses: HashMap<SocketAddr, ServiceKey>,
+    /// The headless Service behind every `podIP:port` of its endpoints (ready or not: a
+    /// caller that dials a pod chose it), with the Service port it stands for.
+    pub pinned: HashMap<SocketAddr, (ServiceKey, u16)>,
     pub targets: HashMap<ServiceKey, Arc<Target>>,
     /// SPIFFE IDs each backend Service may present.
     pub identities: HashMap<ServiceKey, BTreeSet<String>>,
@@ -104,6 +107,7 @@ impl Snapshot {
             generation: inputs.node_config.map(|(g, _)| g),
             served: served(inputs.slices),
             addresses: service_addresses(inputs.services),
+            pinned: pinned(inputs),
             ..Snapshot::default()
         };
         // No NodeConfig (deleted, or not written yet while the operator is down) is not an
@@ -118,34 +122,45 @@ impl Snapshot {
             snapshot.services = services(inputs, &snapshot.meshed);
             return snapshot;
         };
-        let mut targets = Vec::new();
-        for entry in &spec.capture_addresses {
-            let Ok(addr) = entry.parse::<SocketAddr>() else {
-                snapshot
-                    .errors
-                    .push(format!("capture entry {entry:?} is not an IP:port"));
-                continue;
-            };
-            targets.push(addr);
-            // A Service this proxy's watch has not delivered yet is captured; its connections
-            // wait a little for it, then are refused.
-            if let Some(key) = snapshot.addresses.get(&addr) {
-                snapshot.captured.insert(addr, key.clone());
+        let mut parse = |entries: &[String]| -> Vec<SocketAddr> {
+            let mut addresses = Vec::new();
+            for entry in entries {
+                let Ok(addr) = entry.parse::<SocketAddr>() else {
+                    snapshot
+                        .errors
+                        .push(format!("capture entry {entry:?} is not an IP:port"));
+                    continue;
+                };
+                addresses.push(addr);
+                // A Service this proxy's watch has not delivered yet is captured; its
+                // connections wait a little for it, then are refused.
+                let key = (snapshot.addresses.get(&addr))
+                    .or_else(|| snapshot.pinned.get(&addr).map(|(key, _)| key));
+                if let Some(key) = key {
+                    snapshot.captured.insert(addr, key.clone());
+                }
             }
-        }
-        targets.sort();
-        targets.dedup();
-        snapshot.capture = if targets == previous.capture.targets {
+            addresses
+        };
+        let mut capture = CaptureSet {
+            generation: 0,
+            targets: parse(&spec.capture_addresses),
+            namespaces: (spec.namespace_capture.iter())
+                .map(|scoped| (scoped.namespace.clone(), parse(&scoped.addresses)))
+                .collect(),
+        };
+        capture.normalise();
+        snapshot.capture = if (&capture.targets, &capture.namespaces)
+            == (&previous.capture.targets, &previous.capture.namespaces)
+        {
             previous.capture.clone()
         } else {
             // Never a generation the pods' tables may already record: a NodeConfig deleted and
             // written again starts its generations over.
-            CaptureSet {
-                generation: u64::try_from(generation)
-                    .unwrap_or_default()
-                    .max(previous.capture.generation + 1),
-                targets,
-            }
+            capture.generation = u64::try_from(generation)
+                .unwrap_or_default()
+                .max(previous.capture.generation + 1);
+            capture
         };
         for table in &spec.tables {
             let key = ServiceKey::new(&table.namespace, &table.service);
@@ -195,6 +210,18 @@ impl Snapshot {
         snapshot
     }
 
+    /// For a connection dialled to `address`, an endpoint of a headless Service: its Service
+    /// and Service port, and the endpoint itself, whether ready or not (the caller chose it).
+    pub fn pinned_endpoint(&self, address: SocketAddr) -> Option<(&ServiceKey, u16, Endpoint)> {
+        let (key, port) = self.pinned.get(&address)?;
+        let meshed = (self.meshed.get(key)).is_some_and(|m| m.contains(&address.ip()));
+        let endpoint = Endpoint {
+            addr: address,
+            meshed,
+        };
+        Some((key, *port, endpoint))
+    }
+
     /// The ready endpoints of `service`'s port `port`.
     pub fn endpoints(&self, service: &ServiceKey, port: u16) -> &[Endpoint] {
         self.services
@@ -230,6 +257,69 @@ fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKe
         }
     }
     out
+}
+
+/// The `podIP:port` of every endpoint of the headless Services, with its Service and the
+/// Service port whose target port it is (by the slice port's name, as kube-proxy matches them).
+fn pinned(inputs: &Inputs<'_>) -> HashMap<SocketAddr, (ServiceKey, u16)> {
+    let mut ports: HashMap<ServiceKey, Vec<(&str, u16)>> = HashMap::new();
+    for service in inputs.services {
+        let (Some(ns), Some(name), Some(spec)) = (
+            service.metadata.namespace.as_deref(),
+            service.metadata.name.as_deref(),
+            service.spec.as_ref(),
+        ) else {
+            continue;
+        };
+        if spec.cluster_ip.as_deref() != Some("None") {
+            continue;
+        }
+        let named = (spec.ports.iter().flatten())
+            .filter_map(|p| {
+                Some((
+                    p.name.as_deref().unwrap_or_default(),
+                    u16::try_from(p.port).ok()?,
+                ))
+            })
+            .collect();
+        ports.insert(ServiceKey::new(ns, name), named);
+    }
+    let mut out = HashMap::new();
+    for slice in inputs.slices {
+        let Some(key) = slice_service(slice) else {
+            continue;
+        };
+        let Some(service_ports) = ports.get(&key) else {
+            continue;
+        };
+        for port in slice.ports.iter().flatten() {
+            if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+                continue;
+            }
+            let name = port.name.as_deref().unwrap_or_default();
+            let (Some(target), Some(&(_, number))) = (
+                port.port.and_then(|p| u16::try_from(p).ok()),
+                service_ports.iter().find(|(n, _)| *n == name),
+            ) else {
+                continue;
+            };
+            let addresses = (slice.endpoints.iter().flatten()).flat_map(|e| &e.addresses);
+            for ip in addresses.filter_map(|a| a.parse::<IpAddr>().ok()) {
+                out.insert(SocketAddr::new(ip, target), (key.clone(), number));
+            }
+        }
+    }
+    out
+}
+
+/// The Service an EndpointSlice belongs to.
+fn slice_service(slice: &EndpointSlice) -> Option<ServiceKey> {
+    let ns = slice.metadata.namespace.as_deref()?;
+    let labels = slice.metadata.labels.as_ref()?;
+    Some(ServiceKey::new(
+        ns,
+        labels.get("kubernetes.io/service-name")?,
+    ))
 }
 
 fn served(slices: &[Arc<EndpointSlice>]) -> HashMap<IpAddr, Vec<(String, u16)>> {
@@ -287,20 +377,9 @@ fn services(
 ) -> HashMap<ServiceKey, ServiceEntry> {
     let mut slices: HashMap<ServiceKey, Vec<&EndpointSlice>> = HashMap::new();
     for slice in inputs.slices {
-        let (Some(ns), Some(service)) = (
-            slice.metadata.namespace.as_deref(),
-            slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name")),
-        ) else {
-            continue;
-        };
-        slices
-            .entry(ServiceKey::new(ns, service))
-            .or_default()
-            .push(slice);
+        if let Some(key) = slice_service(slice) {
+            slices.entry(key).or_default().push(slice);
+        }
     }
     let mut out = HashMap::new();
     for service in inputs.services {
@@ -406,6 +485,7 @@ mod tests {
                 "bad:80".into(),
             ],
             capture_count: 3,
+            namespace_capture: vec![],
             tables: vec![
                 TargetTable {
                     namespace: "shop".into(),
@@ -426,6 +506,66 @@ mod tests {
                 meshed_addresses: vec!["10.244.1.5".into(), "nonsense".into()],
             }],
         }
+    }
+
+    #[test]
+    fn a_headless_services_pods_are_pinned_and_a_namespaces_targets_kept_apart() {
+        let services = [
+            service("shop", "db", "None", &[("pg", 5432)]),
+            service("ext", "web", "10.96.0.40", &[("http", 80)]),
+        ];
+        let slices = [slice(
+            "shop",
+            "db",
+            &[("pg", 15432)],
+            &[("10.244.1.7", true), ("10.244.1.8", false)],
+        )];
+        let spec = NodeConfigSpec {
+            capture_addresses: vec!["10.244.1.7:15432".into()],
+            namespace_capture: vec![aether_crds::node_config::NamespaceCapture {
+                namespace: "shop".into(),
+                addresses: vec!["10.96.0.40:80".into(), "10.244.1.7:15432".into()],
+            }],
+            identities: vec![ServiceIdentities {
+                namespace: "shop".into(),
+                service: "db".into(),
+                identities: vec!["spiffe://cluster.local/ns/shop/sa/db".into()],
+                meshed_addresses: vec!["10.244.1.7".into()],
+            }],
+            ..NodeConfigSpec::default()
+        };
+        let snapshot = Snapshot::build(
+            &Inputs {
+                node_config: Some((1, &spec)),
+                services: &services,
+                slices: &slices,
+            },
+            &Snapshot::default(),
+        );
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let db = ServiceKey::new("shop", "db");
+        assert_eq!(snapshot.captured[&addr("10.244.1.7:15432")], db);
+        assert_eq!(
+            snapshot.captured[&addr("10.96.0.40:80")],
+            ServiceKey::new("ext", "web")
+        );
+        assert!(snapshot.capture.captures("shop", &addr("10.96.0.40:80")));
+        assert!(!snapshot.capture.captures("other", &addr("10.96.0.40:80")));
+        assert_eq!(
+            snapshot.capture.namespaces["shop"],
+            [addr("10.96.0.40:80")],
+            "what every pod captures is not repeated per namespace"
+        );
+        // The dialled pod, as its Service port, ready or not; mTLS only to the meshed one.
+        let pinned = |s: &str| {
+            snapshot
+                .pinned_endpoint(addr(s))
+                .map(|(key, port, e)| (key.clone(), port, e.meshed))
+        };
+        assert_eq!(pinned("10.244.1.7:15432"), Some((db.clone(), 5432, true)));
+        assert_eq!(pinned("10.244.1.8:15432"), Some((db, 5432, false)));
+        assert_eq!(pinned("10.244.1.7:5432"), None);
+        assert_eq!(pinned("10.96.0.40:80"), None);
     }
 
     #[test]

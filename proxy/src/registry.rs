@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use aether_cni::nft::Families;
 use aether_cni::protocol::PodRef;
 use serde::{Deserialize, Serialize};
+
+use crate::capture_set::CaptureSet;
 
 /// One registration: a meshed pod's attachment, as the plugin reported it at ADD.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +38,11 @@ impl RegisteredPod {
     /// The IP families of the pod's table (the same rule the plugin installed it with).
     pub fn families(&self) -> Families {
         Families::for_pod(&self.ips)
+    }
+
+    /// The elements of the pod's table under `capture`.
+    pub fn elements(&self, capture: &CaptureSet) -> Vec<SocketAddr> {
+        capture.for_pod(&self.pod.namespace, &self.ips)
     }
 }
 

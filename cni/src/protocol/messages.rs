@@ -82,7 +82,7 @@ pub enum Decision {
 pub struct CapturePlan {
     /// The proxy's outbound listener port inside the pod's netns; matching TCP is redirected here.
     pub capture_port: u16,
-    /// Every route-target ClusterIP:port, IPv4 and IPv6.
+    /// Every address the pod captures (ClusterIP:ports, headless Services' pods), IPv4 and IPv6.
     pub targets: Vec<SocketAddr>,
     /// Changes whenever `targets` does.
     pub generation: u64,

@@ -31,7 +31,7 @@ use super::http::{
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
 use crate::identity::ServiceAccount;
 use crate::listeners::{Drain, Opening, PodInfo};
-use crate::mesh::{ServiceKey, Snapshot};
+use crate::mesh::{Endpoint, ServiceKey, Snapshot};
 use crate::metrics::{Direction, RequestLabels};
 use crate::netns;
 
@@ -77,7 +77,7 @@ pub async fn serve(
         opening.opened();
         return pass_through(&plane, stream, peer, &pod, original).await;
     };
-    let (target, routed) = match routed_target(&mesh, original).await {
+    let (target, routed) = match routed_target(&mesh, &pod.pod.namespace, original).await {
         Captured::Routed(target) => (target, true),
         Captured::Released(target) => (target, false),
         Captured::Refused { reason, message } => {
@@ -89,8 +89,14 @@ pub async fn serve(
         }
     };
     plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+    let snapshot = mesh.snapshot.load();
+    // A headless Service's pod: the connection goes to it, on its Service port's terms.
+    let (port, pinned) = match snapshot.pinned_endpoint(original) {
+        Some((_, port, endpoint)) => (port, Some(endpoint)),
+        None => (original.port(), None),
+    };
     // Routes are HTTP, and a released Service has none: its bytes are not parsed.
-    let protocol = match mesh.snapshot.load().protocol(&target, original.port()) {
+    let protocol = match snapshot.protocol(&target, port) {
         _ if !routed => PortProtocol::Opaque,
         PortProtocol::Detect => detect(&stream).await,
         declared => declared,
@@ -103,7 +109,8 @@ pub async fn serve(
         source: OnceLock::new(),
         target_label: target.to_string().into(),
         target,
-        port: original.port(),
+        port,
+        pinned,
     };
     if protocol == PortProtocol::Http {
         serve_http(conn, stream, drain, opening).await;
@@ -130,7 +137,7 @@ enum Captured {
 /// The route target a captured connection is for, once its Service and table are here. A
 /// captured target without its table takes the cold path: the demand is reported, and the
 /// connection waits a little for the operator to add the table to this node's config.
-async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Captured {
+async fn routed_target(mesh: &Mesh, namespace: &str, original: SocketAddr) -> Captured {
     let deadline = tokio::time::Instant::now() + COLD_PATH_WAIT;
     let mut wanted = false;
     loop {
@@ -143,8 +150,10 @@ async fn routed_target(mesh: &Mesh, original: SocketAddr) -> Captured {
                 mesh.demand.want(key);
                 wanted = true;
             }
-            None if !snapshot.capture.targets.contains(&original) => {
-                return match snapshot.addresses.get(&original) {
+            None if !snapshot.capture.captures(namespace, &original) => {
+                let released = (snapshot.addresses.get(&original))
+                    .or_else(|| snapshot.pinned_endpoint(original).map(|(key, ..)| key));
+                return match released {
                     Some(key) => Captured::Released(key.clone()),
                     None => Captured::Refused {
                         reason: "not_captured",
@@ -260,7 +269,10 @@ struct Connection {
     target: ServiceKey,
     /// `target` as the metrics label, formatted once for the connection's requests.
     target_label: Arc<str>,
+    /// The Service port.
     port: u16,
+    /// The pod the app dialled, for a headless Service: its traffic to `target` goes there.
+    pinned: Option<Endpoint>,
 }
 
 async fn serve_http(conn: Connection, stream: TcpStream, mut drain: Drain, opening: Opening) {
@@ -449,6 +461,7 @@ impl Connection {
                     target: self.target.clone(),
                     target_label: self.target_label.clone(),
                     port: self.port,
+                    pinned: self.pinned.clone(),
                 },
                 snapshot.clone(),
                 (*mirror).clone(),
@@ -480,15 +493,13 @@ impl Connection {
             backend: label,
             response,
         };
-        let endpoints = snapshot.endpoints(&service, backend.port);
         let balancer = &self.plane.balancer;
-        let Some(index) = balancer.pick(endpoints, |e| e.addr, fastrand::u64(..)) else {
+        let Some(endpoint) = self.endpoint(snapshot, &service, backend.port) else {
             return served(answer(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("backend {backend} has no ready endpoint"),
             ));
         };
-        let endpoint = &endpoints[index];
         // The client asks to take its connection past HTTP (a WebSocket, a CONNECT): the
         // connection is taken over once the backend agreed.
         let switch = h::Asked::of(&parts.method, parts.version, &parts.uri, &parts.headers)
@@ -754,14 +765,12 @@ impl Connection {
     /// connection is reset.
     async fn serve_opaque(self, mut app: TcpStream) {
         let snapshot = self.mesh.snapshot.load();
-        let endpoints = snapshot.endpoints(&self.target, self.port);
         let balancer = &self.plane.balancer;
-        let Some(index) = balancer.pick(endpoints, |e| e.addr, fastrand::u64(..)) else {
+        let Some(endpoint) = self.endpoint(&snapshot, &self.target, self.port) else {
             warn!(pod = %self.pod.pod, target = %self.target, port = self.port, "no ready endpoint for an opaque connection; resetting it");
             let _ = app.set_zero_linger();
             return;
         };
-        let endpoint = endpoints[index].clone();
         let in_flight = balancer.start(endpoint.addr);
         let opened = if endpoint.meshed {
             self.open_tunnel(&snapshot, endpoint.addr).await
@@ -791,6 +800,17 @@ impl Connection {
         if let Err(error) = tokio::io::copy_bidirectional(&mut app, &mut backend).await {
             debug!(pod = %self.pod.pod, endpoint = %endpoint.addr, %error, "opaque connection ended with an error");
         }
+    }
+
+    /// Where a request or opaque connection to `service`'s port `port` goes: the pod the app
+    /// dialled, for its headless Service, else the balancer's pick among the ready endpoints.
+    fn endpoint(&self, snapshot: &Snapshot, service: &ServiceKey, port: u16) -> Option<Endpoint> {
+        if let Some(pinned) = self.pinned.as_ref().filter(|_| *service == self.target) {
+            return Some(pinned.clone());
+        }
+        let endpoints = snapshot.endpoints(service, port);
+        let index = (self.plane.balancer).pick(endpoints, |e| e.addr, fastrand::u64(..))?;
+        Some(endpoints[index].clone())
     }
 
     async fn open_tunnel(

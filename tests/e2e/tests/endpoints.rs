@@ -4,14 +4,18 @@
 //! (mTLS); the other two are reached with plain connections (no inbound listener to send mTLS
 //! to, so no 503), and see no identity. The same holds for a Service with a route (`web`) and
 //! for one without (`bare`): a Service with meshed endpoints is captured either way.
+//!
+//! Behind a headless Service (`pods`), a caller dials the pods' own addresses: the meshed pod
+//! is reached over mTLS (it sees the caller's identity; its own table leaves its address
+//! alone, so its inbound side can deliver there), the opted-out one with a plain connection.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use aether_e2e::Cluster;
 use aether_e2e::mesh::{
     ECHO_IMAGE, TRUST_DOMAIN, client, install, uninstall, wait_accepted, wait_nodes_applied,
 };
+use aether_e2e::{Cluster, pod_ip};
 use aether_test_support::cases::RouteRef;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
@@ -46,6 +50,8 @@ fn workloads() -> String {
          spec:\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: http, appProtocol: http}}]\n---\n\
          apiVersion: v1\nkind: Service\nmetadata: {{name: bare, namespace: {NS}}}\n\
          spec:\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: http, appProtocol: http}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: pods, namespace: {NS}}}\n\
+         spec:\n  clusterIP: None\n  selector: {{app: web}}\n  ports: [{{name: http, port: 8080, targetPort: http}}]\n---\n\
          apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: web, namespace: {NS}}}\n\
          spec:\n  parentRefs: [{{group: \"\", kind: Service, name: web, port: 80}}]\n\
          \x20 rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n---\n\
@@ -85,6 +91,14 @@ async fn meshed_opted_out_and_host_network_endpoints_of_a_service_all_answer() -
     let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{NS}/sa/caller");
     for url in ["http://web/", "http://bare/"] {
         answered_by_all_three(&cluster, &caller, url, &identity).await?;
+    }
+    for (name, meshed) in [("meshed", true), ("opted-out", false)] {
+        let pod = pods
+            .get(name)
+            .await
+            .with_context(|| format!("pod {name}"))?;
+        let want = meshed.then_some(identity.as_str());
+        answered_directly(&cluster, &caller, &pod, want).await?;
     }
     cluster.delete_namespaces(&[NS])?;
     uninstall(&cluster).await?;
@@ -140,5 +154,33 @@ async fn answered_by_all_three(
     eprintln!(
         "{url}: {REQUESTS} requests, none failed: the meshed pod saw {identity} on each, the opted-out and hostNetwork pods plain requests ({seen:?})"
     );
+    Ok(())
+}
+
+/// Requests from `caller` to `pod`'s own address, a headless Service's endpoint: each is
+/// answered by that pod, which sees `identity` (mTLS) or none (a plain connection).
+async fn answered_directly(
+    cluster: &Cluster,
+    caller: &Pod,
+    pod: &Pod,
+    identity: Option<&str>,
+) -> Result<()> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let url = format!("http://{}:8080/", pod_ip(pod)?);
+    let exchanges = client(cluster, caller, &[url.clone(), "--count=10".into()]).await?;
+    for exchange in &exchanges {
+        if exchange.status != Some(200)
+            || exchange.body.hostname != name
+            || exchange.body.identity().as_deref() != identity
+        {
+            bail!(
+                "{url} (headless {NS}/pods): expected {name} to answer seeing {identity:?}: {exchange:?}"
+            );
+        }
+    }
+    if exchanges.len() != 10 {
+        bail!("{url}: {} answers of 10: {exchanges:?}", exchanges.len());
+    }
+    eprintln!("{url}: the headless Service's pod {name} answered 10 requests, seeing {identity:?}");
     Ok(())
 }
