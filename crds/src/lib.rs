@@ -5,6 +5,7 @@ pub mod conditions;
 pub mod http;
 pub mod node_config;
 pub mod route_target;
+pub mod slices;
 pub mod well_known;
 
 pub use node_config::{NodeConfig, NodeConfigSpec, NodeConfigStatus};

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aether_crds::well_known::{DEPENDS_ON_ANNOTATION, namespace_is_managed, pod_is_meshed};
-use aether_crds::{NodeConfig, RouteTarget};
+use aether_crds::{NodeConfig, RouteTarget, slices};
 use aether_routing::{RouteSource, ServiceInfo, ServiceKind, ServicePort};
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
@@ -278,48 +278,21 @@ impl Index {
     }
 
     pub fn add_endpoint_slice(&mut self, slice: &EndpointSlice) {
-        let namespace = slice.metadata.namespace.clone().unwrap_or_default();
-        let Some(service) = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("kubernetes.io/service-name"))
-        else {
+        let Some(service) = slices::service_of(slice).map(|(ns, name)| key(ns, name)) else {
             return;
         };
-        let ready = slice
-            .endpoints
-            .iter()
-            .flatten()
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        let endpoints = slice.endpoints.iter().flatten();
+        let ready = (endpoints.clone())
+            .filter(|e| slices::is_ready(e))
             .map(|e| e.addresses.len())
             .sum::<usize>();
-        *self
-            .ready_endpoints
-            .entry(key(&namespace, service))
-            .or_default() += ready;
-        self.endpoint_addresses
-            .entry(key(&namespace, service))
-            .or_default()
-            .extend(
-                slice
-                    .endpoints
-                    .iter()
-                    .flatten()
-                    .flat_map(|e| e.addresses.iter().cloned()),
-            );
-        let ports: Vec<u16> = slice
-            .ports
-            .iter()
-            .flatten()
-            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
-            .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
-            .collect();
-        let sockets = self
-            .endpoint_sockets
-            .entry(key(&namespace, service))
-            .or_default();
-        for address in slice.endpoints.iter().flatten().flat_map(|e| &e.addresses) {
+        *self.ready_endpoints.entry(service.clone()).or_default() += ready;
+        let addresses = endpoints.flat_map(|e| &e.addresses);
+        (self.endpoint_addresses.entry(service.clone()).or_default())
+            .extend(addresses.clone().cloned());
+        let ports = slices::tcp_ports(slice);
+        let sockets = self.endpoint_sockets.entry(service).or_default();
+        for address in addresses {
             sockets.extend(ports.iter().map(|&port| (address.clone(), port)));
         }
     }

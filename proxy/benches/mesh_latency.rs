@@ -22,7 +22,10 @@
 //! echo server the bench runs in the server pod, behind a Service port declared
 //! `appProtocol: tcp`: the mesh carries it opaque, in an HTTP/2 CONNECT tunnel over the pooled
 //! mTLS connection; the nginx pair is then its `stream` module (TLS 1.3 with client
-//! certificates, one TLS connection per client connection).
+//! certificates, one TLS connection per client connection). Two more figures then: **bulk**,
+//! one connection writing 64 KiB buffers for a few seconds while it reads the echo back (the
+//! bytes per second echoed), and **connection setup**, a new connection for each of a few
+//! hundred exchanges in a row (the median of connect, write and echo read).
 //!
 //! `cargo bench -p aether-proxy --bench mesh_latency [-- --tcp]` (root; installs nginx-light and
 //! its stream module with apt if they are missing, and aether with helm; leaves the cluster as it
@@ -66,6 +69,10 @@ const RELAY_SERVER_PORT: u16 = 18445;
 const TCP_PORT: u16 = 19090;
 /// The bytes of one TCP exchange.
 const TCP_MESSAGE: usize = 64;
+const BULK_SECONDS: u64 = 5;
+const BULK_BUFFER: usize = 64 * 1024;
+/// New connections made in a row for the connection setup figure.
+const SETUPS: usize = 300;
 
 /// What one exchange of the load is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +110,10 @@ struct Figures {
     /// proxies, the kernel's network path), and how busy the machine was.
     machine_cpu: Duration,
     machine_busy: f64,
+    /// `--tcp` only: bytes per second echoed on one connection, and the median time of a new
+    /// connection's first exchange, connect included.
+    bulk: Option<f64>,
+    setup: Option<Duration>,
 }
 
 fn main() -> Result<()> {
@@ -277,6 +288,21 @@ async fn run() -> Result<()> {
             .collect();
         println!("{:<14} {}", name, levels.join(" / "));
     }
+    if proto == Proto::Tcp {
+        println!(
+            "bulk (one connection, {BULK_BUFFER}-byte writes for {BULK_SECONDS} s, bytes echoed) and connection setup (median of {SETUPS} new connections, connect to echo):"
+        );
+        for (name, f) in &results {
+            let bulk = f.bulk.unwrap_or_default();
+            println!(
+                "{:<14} {:>8.0} MB/s ({:.2}x direct) {:>10}",
+                name,
+                bulk / 1e6,
+                bulk / direct.bulk.unwrap_or_default().max(1.0),
+                micros(f.setup.unwrap_or_default()),
+            );
+        }
+    }
     if let (Ok(aether), Ok(pair)) = (figures("aether"), figures("nginx pair")) {
         let ratio = |aether: &Figures, pair: &Figures| {
             format!(
@@ -300,6 +326,9 @@ async fn run() -> Result<()> {
             ratio(aether, pair),
             per_round.join(", ")
         );
+        if let (Some(a), Some(n)) = (aether.bulk, pair.bulk) {
+            println!("aether / nginx pair bulk: {:.2}", a / n.max(1.0));
+        }
     }
     println!("proxy RSS per captured pod: {rss}");
     Ok(())
@@ -392,6 +421,10 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>, proto: Proto) -
                 }
             }
             let best = best.context("no saturation level")?;
+            let (bulk, setup) = match proto {
+                Proto::Tcp => (Some(bulk(addr).await?), Some(setup(addr).await?)),
+                Proto::Http => (None, None),
+            };
             let proxy_cpu_at_rate =
                 (!proxies.is_empty()).then(|| cpu_at_rate.div_f64(latencies.len().max(1) as f64));
             Ok(Figures {
@@ -404,6 +437,8 @@ fn measure_in(netns: &Path, addr: SocketAddr, proxies: Vec<u32>, proto: Proto) -
                 proxy_cpu: best.proxy_cpu,
                 machine_cpu: best.machine_cpu,
                 machine_busy: best.machine_busy,
+                bulk,
+                setup,
             })
         })
     })
@@ -539,6 +574,50 @@ async fn fixed_rate(addr: SocketAddr, proto: Proto) -> Result<(Vec<Duration>, us
     Ok((latencies, errors))
 }
 
+/// Bytes per second echoed on one connection that writes [`BULK_BUFFER`]s for
+/// [`BULK_SECONDS`] while it reads.
+async fn bulk(addr: SocketAddr) -> Result<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut reader, mut writer) = stream.into_split();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(BULK_SECONDS);
+    let write = async {
+        let buffer = vec![b'b'; BULK_BUFFER];
+        while tokio::time::Instant::now() < deadline {
+            writer.write_all(&buffer).await?;
+        }
+        writer.shutdown().await?;
+        Ok::<_, anyhow::Error>(())
+    };
+    let read = async {
+        let mut buffer = vec![0u8; BULK_BUFFER];
+        let mut echoed = 0u64;
+        loop {
+            match tokio::time::timeout_at(deadline, reader.read(&mut buffer)).await {
+                Ok(Ok(0)) => bail!("the echo server closed the bulk connection"),
+                Ok(Ok(n)) => echoed += n as u64,
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Ok(echoed),
+            }
+        }
+    };
+    let ((), echoed) = tokio::try_join!(write, read)?;
+    Ok(echoed as f64 / BULK_SECONDS as f64)
+}
+
+/// The median time of [`SETUPS`] new connections in a row, each connected, one exchange and
+/// closed.
+async fn setup(addr: SocketAddr) -> Result<Duration> {
+    let mut times = Vec::with_capacity(SETUPS);
+    for _ in 0..SETUPS {
+        let started = Instant::now();
+        let mut conn = connect(addr, Proto::Tcp).await?;
+        exchange(&mut conn, "").await?;
+        times.push(started.elapsed());
+    }
+    Ok(percentile(&times, 0.5))
+}
+
 /// Requests per second with `connections` keep-alive connections in a closed loop.
 async fn saturate(
     addr: SocketAddr,
@@ -653,6 +732,8 @@ fn median(rounds: &[Figures]) -> Figures {
         proxy_cpu: mid(rounds.iter().map(|f| f.proxy_cpu).collect()),
         machine_cpu: mid(rounds.iter().map(|f| f.machine_cpu).collect()),
         machine_busy: mid(rounds.iter().map(|f| f.machine_busy).collect()),
+        bulk: mid(rounds.iter().map(|f| f.bulk).collect()),
+        setup: mid(rounds.iter().map(|f| f.setup).collect()),
     }
 }
 

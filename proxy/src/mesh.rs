@@ -7,8 +7,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use aether_crds::node_config::NodeConfigSpec;
+use aether_crds::slices;
 use aether_routing::{PortProtocol, RouteTable, Router};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tracing::warn;
 
@@ -231,17 +232,17 @@ impl Snapshot {
     }
 }
 
+/// A Service's key and spec, when it has both.
+fn keyed(service: &Service) -> Option<(ServiceKey, &ServiceSpec)> {
+    let meta = &service.metadata;
+    let key = ServiceKey::new(meta.namespace.as_deref()?, meta.name.as_deref()?);
+    Some((key, service.spec.as_ref()?))
+}
+
 /// The Service behind each ClusterIP:port.
 fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKey> {
     let mut out = HashMap::new();
-    for service in services {
-        let (Some(ns), Some(name), Some(spec)) = (
-            service.metadata.namespace.as_deref(),
-            service.metadata.name.as_deref(),
-            service.spec.as_ref(),
-        ) else {
-            continue;
-        };
+    for (key, spec) in services.iter().filter_map(|s| keyed(s)) {
         let ips = spec
             .cluster_ips
             .iter()
@@ -251,7 +252,7 @@ fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKe
         for ip in ips {
             for port in spec.ports.iter().flatten() {
                 if let Ok(port) = u16::try_from(port.port) {
-                    out.insert(SocketAddr::new(ip, port), ServiceKey::new(ns, name));
+                    out.insert(SocketAddr::new(ip, port), key.clone());
                 }
             }
         }
@@ -263,14 +264,7 @@ fn service_addresses(services: &[Arc<Service>]) -> HashMap<SocketAddr, ServiceKe
 /// Service port whose target port it is (by the slice port's name, as kube-proxy matches them).
 fn pinned(inputs: &Inputs<'_>) -> HashMap<SocketAddr, (ServiceKey, u16)> {
     let mut ports: HashMap<ServiceKey, Vec<(&str, u16)>> = HashMap::new();
-    for service in inputs.services {
-        let (Some(ns), Some(name), Some(spec)) = (
-            service.metadata.namespace.as_deref(),
-            service.metadata.name.as_deref(),
-            service.spec.as_ref(),
-        ) else {
-            continue;
-        };
+    for (key, spec) in inputs.services.iter().filter_map(|s| keyed(s)) {
         if spec.cluster_ip.as_deref() != Some("None") {
             continue;
         }
@@ -282,7 +276,7 @@ fn pinned(inputs: &Inputs<'_>) -> HashMap<SocketAddr, (ServiceKey, u16)> {
                 ))
             })
             .collect();
-        ports.insert(ServiceKey::new(ns, name), named);
+        ports.insert(key, named);
     }
     let mut out = HashMap::new();
     for slice in inputs.slices {
@@ -314,12 +308,7 @@ fn pinned(inputs: &Inputs<'_>) -> HashMap<SocketAddr, (ServiceKey, u16)> {
 
 /// The Service an EndpointSlice belongs to.
 fn slice_service(slice: &EndpointSlice) -> Option<ServiceKey> {
-    let ns = slice.metadata.namespace.as_deref()?;
-    let labels = slice.metadata.labels.as_ref()?;
-    Some(ServiceKey::new(
-        ns,
-        labels.get("kubernetes.io/service-name")?,
-    ))
+    slices::service_of(slice).map(|(ns, name)| ServiceKey::new(ns, name))
 }
 
 fn served(slices: &[Arc<EndpointSlice>]) -> HashMap<IpAddr, Vec<(String, u16)>> {
@@ -328,13 +317,7 @@ fn served(slices: &[Arc<EndpointSlice>]) -> HashMap<IpAddr, Vec<(String, u16)>> 
         let Some(ns) = slice.metadata.namespace.as_deref() else {
             continue;
         };
-        let ports: Vec<u16> = slice
-            .ports
-            .iter()
-            .flatten()
-            .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
-            .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
-            .collect();
+        let ports = slices::tcp_ports(slice);
         for endpoint in slice.endpoints.iter().flatten() {
             for ip in endpoint
                 .addresses
@@ -414,12 +397,7 @@ fn services(
                     continue;
                 };
                 for endpoint in slice.endpoints.iter().flatten() {
-                    let ready = endpoint
-                        .conditions
-                        .as_ref()
-                        .and_then(|c| c.ready)
-                        .unwrap_or(true);
-                    if !ready {
+                    if !slices::is_ready(endpoint) {
                         continue;
                     }
                     for address in &endpoint.addresses {

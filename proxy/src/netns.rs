@@ -3,11 +3,12 @@
 //!
 //! A socket belongs, for its whole life, to the network namespace of the thread that created it;
 //! binding, connecting, accepting and polling use the socket's namespace, whichever thread does
-//! them. So only the creation needs the pod's namespace. `setns` moves only the calling thread,
-//! and the proxy's tokio workers must stay in the host's namespace, so each socket is created on
-//! a short-lived thread that joins the pod's namespace, creates it, hands it back and exits.
-//! Never on a pooled thread (such as tokio's blocking pool): that thread would carry the pod's
-//! namespace into unrelated work.
+//! them. So only the creation needs the pod's namespace. `setns` moves only the calling thread:
+//! the thread that creates a socket joins the pod's namespace, creates it and returns to its own
+//! namespace before it does anything else, with no await in between. A thread that cannot
+//! return would carry the pod's namespace into unrelated work, so the process aborts instead.
+//! (A short-lived thread per socket did the same at the cost of a thread's start and join on the
+//! data plane's thread, for every connection a tunnel opens to an app.)
 //!
 //! Every socket is created non-blocking, ready to be registered with tokio.
 
@@ -175,7 +176,7 @@ fn new_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
 
 /// Runs `f` on a new thread that has joined the network namespace at `netns`; the thread ends
 /// with `f`, so no thread of the proxy stays in the pod's namespace.
-fn in_netns<T: Send>(netns: &Path, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+fn in_netns<T>(netns: &Path, f: impl FnOnce() -> T) -> Result<T, NetnsError> {
     let enter_error = |source: io::Error| {
         // setns fails with EINVAL when the path exists but is no longer a namespace (unmounted).
         if source.kind() == io::ErrorKind::NotFound
@@ -189,24 +190,66 @@ fn in_netns<T: Send>(netns: &Path, f: impl FnOnce() -> T + Send) -> Result<T, Ne
             }
         }
     };
-    let ns = File::open(netns).map_err(enter_error)?;
-    std::thread::scope(|scope| {
-        let thread = std::thread::Builder::new()
-            .name("aether-netns".into())
-            .spawn_scoped(scope, || {
-                setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| enter_error(e.into()))?;
-                Ok(f())
-            })
-            .map_err(enter_error)?;
-        thread
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    HOME.with(|home| {
+        let home = home.as_ref().map_err(|e| NetnsError::Enter {
+            path: PathBuf::from("/proc/thread-self/ns/net"),
+            source: io::Error::new(e.kind(), e.to_string()),
+        })?;
+        let ns = File::open(netns).map_err(enter_error)?;
+        setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| enter_error(e.into()))?;
+        let _back = Return(home);
+        Ok(f())
     })
+}
+
+thread_local! {
+    /// The namespace this thread was started in, taken before it first enters a pod's.
+    static HOME: io::Result<File> = File::open("/proc/thread-self/ns/net");
+}
+
+/// Takes the thread back to its own namespace when dropped, also when the work panicked.
+struct Return<'a>(&'a File);
+
+impl Drop for Return<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = setns(self.0.as_fd(), CloneFlags::CLONE_NEWNET) {
+            tracing::error!(error = %e, "cannot return a thread to its network namespace; aborting rather than serve from a pod's");
+            std::process::abort();
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_work_runs_in_the_pods_namespace_and_the_thread_comes_back() {
+        let own = || std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+        // A namespace of its own, held by a thread that waits: the pod's.
+        let (held, holding) = std::sync::mpsc::channel();
+        let (done, finish) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let entered = nix::sched::unshare(CloneFlags::CLONE_NEWNET);
+            let _ = held
+                .send(entered.map(|()| (File::open("/proc/thread-self/ns/net").unwrap(), own())));
+            let _ = finish.recv();
+        });
+        let Ok((file, pods)) = holding.recv().unwrap() else {
+            // Not root (CAP_SYS_ADMIN): a network namespace cannot be made here.
+            return;
+        };
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let before = own();
+        assert_ne!(before, pods);
+        assert_eq!(in_netns(&path, own).unwrap(), pods);
+        assert_eq!(own(), before);
+        let panicked = std::panic::catch_unwind(|| in_netns(&path, || panic!("in the pod")));
+        assert!(panicked.is_err());
+        assert_eq!(own(), before, "back also after a panic");
+        drop(done);
+        holder.join().unwrap();
+    }
 
     #[test]
     fn a_missing_namespace_is_gone() {

@@ -240,7 +240,7 @@ pub fn join(pod: PodRef, client: OnUpgrade, backend: OnUpgrade) {
             Err(error) => return debug!(%pod, %error, "a protocol switch was never completed"),
         };
         let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
-        if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+        if let Err(error) = super::copy::both_ways(&mut client, &mut backend).await {
             debug!(%pod, %error, "a switched connection ended with an error");
         }
     });

@@ -277,8 +277,7 @@ impl App {
                 Ok(upgraded) => {
                     let mut app = app;
                     let mut upgraded = TokioIo::new(upgraded);
-                    if let Err(error) = tokio::io::copy_bidirectional(&mut upgraded, &mut app).await
-                    {
+                    if let Err(error) = super::copy::both_ways(&mut upgraded, &mut app).await {
                         debug!(%pod, %to, %error, "mesh tunnel ended with an error");
                     }
                 }

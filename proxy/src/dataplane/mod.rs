@@ -9,8 +9,10 @@
 //!   listener: only the probes' requests pass, with no identity.
 //! - [`clients`]: connections made from inside a pod's network namespace, pooled: plain
 //!   HTTP to unmeshed endpoints and apps, HTTP/2 over mTLS between proxies.
+//! - [`copy`]: bytes both ways between two connections, for everything not HTTP.
 
 pub mod clients;
+pub mod copy;
 pub mod http;
 pub mod inbound;
 pub mod outbound;

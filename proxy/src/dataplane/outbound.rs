@@ -248,7 +248,7 @@ async fn pass_through(
     };
     plane.stats.forwarded.fetch_add(1, Ordering::Relaxed);
     debug!(pod = %pod.pod, %peer, %to, "passing a captured connection through");
-    if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await {
+    if let Err(error) = super::copy::both_ways(&mut inbound, &mut outbound).await {
         debug!(pod = %pod.pod, %peer, %to, %error, "captured connection ended with an error");
     }
 }
@@ -797,7 +797,7 @@ impl Connection {
                 return;
             }
         };
-        if let Err(error) = tokio::io::copy_bidirectional(&mut app, &mut backend).await {
+        if let Err(error) = super::copy::both_ways(&mut app, &mut backend).await {
             debug!(pod = %self.pod.pod, endpoint = %endpoint.addr, %error, "opaque connection ended with an error");
         }
     }

@@ -88,7 +88,7 @@ async fn carry(mut stream: TcpStream, pod: &PodInfo, app: SocketAddr) {
         Ok(Err(e)) => return debug!(pod = %pod.pod, error = %e, "the app refused a probe"),
         Err(_) => return debug!(pod = %pod.pod, %app, "connecting a probe to the app timed out"),
     };
-    if let Err(error) = tokio::io::copy_bidirectional(&mut stream, &mut to_app).await {
+    if let Err(error) = super::copy::both_ways(&mut stream, &mut to_app).await {
         debug!(pod = %pod.pod, %app, %error, "probe connection ended with an error");
     }
 }
