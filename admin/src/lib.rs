@@ -1,6 +1,8 @@
 //! The admin endpoint the operator and the proxy serve on one plain HTTP port: `/healthz`
 //! (the process runs), `/readyz` (ready, or why not) and `/metrics` (Prometheus text format).
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,8 @@
 //! The `aether.io` API: the RouteTarget and NodeConfig custom resources, the HTTPRoute-shaped
 //! rule types, and the well-known labels and annotations shared by every component.
 
+#![forbid(unsafe_code)]
+
 pub mod conditions;
 pub mod http;
 pub mod node_config;

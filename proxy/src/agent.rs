@@ -26,7 +26,7 @@ use crate::dataplane::{DataPlane, ForwardCounts};
 use crate::listeners::{
     ConnectionLimits, Listeners, PodInfo, PodSocket, Role, capture_addrs, inbound_addr,
 };
-use crate::netns;
+use crate::netns::{self, Netns, NetnsError};
 use crate::pod_view::{self, PodView};
 use crate::probes::Probes;
 use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
@@ -172,7 +172,7 @@ impl Agent {
                 kept.remove(id, &pod.ifname);
                 continue;
             }
-            match listeners.open(self.pod_info(pod), &self.listener_addrs(pod)) {
+            match Netns::open(&pod.netns).and_then(|ns| self.open_listeners(listeners, pod, ns)) {
                 Ok(_) => info!(pod = %pod.pod, container_id = id, "reopened capture listeners"),
                 Err(e) => error!(pod = %pod.pod, container_id = id, error = %e,
                     "cannot reopen capture listeners; captured connections of this pod are refused"),
@@ -333,13 +333,16 @@ impl Agent {
     }
 
     fn register(&self, mut pod: RegisteredPod) -> Response {
-        if let Err(why) = self.verify_netns(&pod) {
-            warn!(pod = %pod.pod, netns = %pod.netns.display(), reason = %why, "refused a registration");
-            return error_reply(
-                ErrorKind::BadRequest,
-                format!("refusing to register pod {}: {why}", pod.pod),
-            );
-        }
+        let netns = match self.verify_netns(&pod) {
+            Ok(netns) => netns,
+            Err(why) => {
+                warn!(pod = %pod.pod, netns = %pod.netns.display(), reason = %why, "refused a registration");
+                return error_reply(
+                    ErrorKind::BadRequest,
+                    format!("refusing to register pod {}: {why}", pod.pod),
+                );
+            }
+        };
         let mut state = self.lock();
         let State {
             registry,
@@ -347,7 +350,7 @@ impl Agent {
             listeners,
         } = &mut *state;
         let id = pod.container_id.clone();
-        let opened = match listeners.open(self.pod_info(&pod), &self.listener_addrs(&pod)) {
+        let opened = match self.open_listeners(listeners, &pod, netns) {
             Ok(opened) => opened,
             Err(e) => {
                 return error_reply(
@@ -394,9 +397,11 @@ impl Agent {
 
     /// A registration's network namespace is the pod's: it holds every address registered for
     /// the pod, and, once the API server has the pod's addresses, one of them. Otherwise the
-    /// proxy would serve another namespace's connections with the pod's identity.
-    fn verify_netns(&self, pod: &RegisteredPod) -> Result<(), String> {
-        let held = netns::addresses_in(&pod.netns).map_err(|e| e.to_string())?;
+    /// proxy would serve another namespace's connections with the pod's identity. The namespace
+    /// checked is the one returned, held open, so it is the one served.
+    fn verify_netns(&self, pod: &RegisteredPod) -> Result<Netns, String> {
+        let netns = Netns::open(&pod.netns).map_err(|e| e.to_string())?;
+        let held = netns::addresses_in(&netns).map_err(|e| e.to_string())?;
         let missing: Vec<&IpAddr> = pod.ips.iter().filter(|ip| !held.contains(ip)).collect();
         if !missing.is_empty() {
             return Err(format!(
@@ -413,7 +418,7 @@ impl Agent {
                 pod.ips
             ));
         }
-        Ok(())
+        Ok(netns)
     }
 
     fn unregister(&self, container_id: &str, ifname: &str) -> Response {
@@ -505,7 +510,8 @@ impl Agent {
                 Err(e) => debug!(pod = %pod.pod, error = %e, "cannot check a pod's capture table"),
             }
             if !listeners.is_open(&pod.container_id) {
-                match listeners.open(self.pod_info(pod), &self.listener_addrs(pod)) {
+                match Netns::open(&pod.netns).and_then(|ns| self.open_listeners(listeners, pod, ns))
+                {
                     Ok(_) => repairs.push(Repair {
                         pod: pod.pod.clone(),
                         what: DriftKind::Listeners,
@@ -560,11 +566,8 @@ impl Agent {
             )
             .map_err(|e| format!("cannot install the capture table: {e}"))
             .and_then(|()| {
-                listeners
-                    .open(
-                        self.pod_info(&registered),
-                        &self.listener_addrs(&registered),
-                    )
+                Netns::open(&registered.netns)
+                    .and_then(|ns| self.open_listeners(listeners, &registered, ns))
                     .map(drop)
                     .map_err(|e| {
                         let _ = nft::delete(&self.nft, &registered.netns);
@@ -666,10 +669,10 @@ impl Agent {
         let mut state = self.lock();
         let (ended, next) = state.listeners.sweep(std::time::Instant::now());
         for pod in ended {
-            if state.registry.pods().any(|r| *r.netns == *pod.netns) {
+            if state.registry.pods().any(|r| r.netns == pod.netns.path()) {
                 continue;
             }
-            match nft::delete(&self.nft, &pod.netns) {
+            match nft::delete(&self.nft, pod.netns.path()) {
                 Ok(_) => debug!(pod = %pod.pod, "deleted the table of a pod that left the mesh"),
                 // Harmless: a released table captures and refuses nothing.
                 Err(e) => {
@@ -730,7 +733,7 @@ impl Agent {
             }
         }
         for pod in state.listeners.close_leaving() {
-            if let Err(e) = nft::delete(&self.nft, &pod.netns) {
+            if let Err(e) = nft::delete(&self.nft, pod.netns.path()) {
                 failed.push((pod.key.clone(), e.to_string()));
             }
         }
@@ -907,14 +910,21 @@ impl Agent {
         }
     }
 
-    fn pod_info(&self, pod: &RegisteredPod) -> PodInfo {
-        PodInfo {
+    /// Opens `pod`'s listeners in `netns`, which they and their connections hold from then on.
+    fn open_listeners(
+        &self,
+        listeners: &mut Listeners,
+        pod: &RegisteredPod,
+        netns: Netns,
+    ) -> Result<bool, NetnsError> {
+        let info = PodInfo {
             key: pod.container_id.clone(),
             pod: pod.pod.clone(),
-            netns: Arc::from(pod.netns.as_path()),
+            netns,
             families: pod.families(),
             ips: pod.ips.clone(),
-        }
+        };
+        listeners.open(info, &self.listener_addrs(pod))
     }
 
     /// The capture listeners, and the inbound one when the proxy is part of a mesh.

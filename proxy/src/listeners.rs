@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
 use crate::handover::holder::Keeper;
-use crate::netns::{self, NetnsError};
+use crate::netns::{self, Netns, NetnsError};
 
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -64,7 +63,7 @@ pub struct PodInfo {
     /// The container id the pod was registered with.
     pub key: String,
     pub pod: PodRef,
-    pub netns: Arc<Path>,
+    pub netns: Netns,
     pub families: Families,
     /// The pod's addresses: where the inbound side delivers mesh requests.
     pub ips: Vec<IpAddr>,
@@ -323,7 +322,7 @@ impl Listeners {
     fn listen(
         &mut self,
         key: &str,
-        netns: &Path,
+        netns: &Netns,
         addr: SocketAddr,
     ) -> Result<std::net::TcpListener, NetnsError> {
         if let Some(fd) = self.inherited.remove(&(key.to_owned(), addr)) {
@@ -350,7 +349,7 @@ impl Listeners {
         addrs: &[(SocketAddr, Role)],
     ) -> Result<bool, NetnsError> {
         let key = info.key.clone();
-        let same = |pod: &PodListeners| *pod.info.netns == *info.netns && pod.addrs == addrs;
+        let same = |pod: &PodListeners| pod.info.netns == info.netns && pod.addrs == addrs;
         if self.pods.get(&key).is_some_and(same) && self.is_open(&key) {
             return Ok(false);
         }
@@ -372,7 +371,7 @@ impl Listeners {
         let mut sockets = Vec::with_capacity(addrs.len());
         for (addr, role, listener) in opened {
             let listen_error = |source| NetnsError::Listen {
-                path: info.netns.to_path_buf(),
+                path: info.netns.path().to_path_buf(),
                 addr,
                 source,
             };

@@ -86,6 +86,13 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub direction: Direction,
+    /// [`crate::dataplane::error::Error::reason`].
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EnrolmentLabels {
     /// `enrol` or `leave`.
     pub action: &'static str,
@@ -105,6 +112,7 @@ pub struct Metrics {
     enrolments: Family<EnrolmentLabels, Counter>,
     inbound_refused: Family<ReasonLabels, Counter>,
     outbound_refused: Family<ReasonLabels, Counter>,
+    failures: Family<FailureLabels, Counter>,
     over_limit: Family<LimitLabels, Counter>,
     pub captured_pods: Gauge,
     pub config_generation: Gauge,
@@ -129,6 +137,7 @@ impl Metrics {
         let enrolments = Family::<EnrolmentLabels, Counter>::default();
         let inbound_refused = Family::<ReasonLabels, Counter>::default();
         let outbound_refused = Family::<ReasonLabels, Counter>::default();
+        let failures = Family::<FailureLabels, Counter>::default();
         let over_limit = Family::<LimitLabels, Counter>::default();
         let captured_pods = Gauge::default();
         let config_generation = Gauge::default();
@@ -173,6 +182,11 @@ impl Metrics {
             outbound_refused.clone(),
         );
         registry.register(
+            "failures",
+            "Requests and opaque connections not carried to their backend (outbound) or app (inbound), by direction and reason (no_endpoint, timeout, no_source_identity, no_svid, connect, handshake, peer_identity, request, invalid_request, tunnel)",
+            failures.clone(),
+        );
+        registry.register(
             "connections_over_limit",
             "Connections reset on accept because a listener or the node holds its most, by listener and limit",
             over_limit.clone(),
@@ -198,6 +212,7 @@ impl Metrics {
             enrolments,
             inbound_refused,
             outbound_refused,
+            failures,
             over_limit,
             captured_pods,
             config_generation,
@@ -245,6 +260,12 @@ impl Metrics {
     pub fn outbound_refused(&self, reason: &'static str) {
         self.outbound_refused
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn failure(&self, direction: Direction, reason: &'static str) {
+        self.failures
+            .get_or_create(&FailureLabels { direction, reason })
             .inc();
     }
 

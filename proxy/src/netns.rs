@@ -1,34 +1,42 @@
 //! Sockets inside a pod's network namespace, opened from the proxy's own process. All of the
 //! proxy's `setns(2)` code is here.
 //!
+//! A pod's namespace is a [`Netns`]: a descriptor opened once, when the pod is registered and
+//! its addresses are checked, and held while the pod is served. Its sockets are made in the
+//! namespace that was checked, whatever is mounted at the path later, with no path looked up
+//! per socket.
+//!
 //! A socket belongs, for its whole life, to the network namespace of the thread that created it;
 //! binding, connecting, accepting and polling use the socket's namespace, whichever thread does
 //! them. So only the creation needs the pod's namespace. `setns` moves only the calling thread:
 //! the thread that creates a socket joins the pod's namespace, creates it and returns to its own
 //! namespace before it does anything else, with no await in between. A thread that cannot
 //! return would carry the pod's namespace into unrelated work, so the process aborts instead.
-//! (A short-lived thread per socket did the same at the cost of a thread's start and join on the
-//! data plane's thread, for every connection a tunnel opens to an app.)
 //!
 //! Every socket is created non-blocking, ready to be registered with tokio.
 
 use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use nix::errno::Errno;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{
     AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, getsockopt, listen,
     setsockopt, socket, sockopt,
 };
+use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
     #[error("network namespace {} does not exist", .0.display())]
     Gone(PathBuf),
+    #[error("{} is not a network namespace (or no longer: unmounted)", .0.display())]
+    NotANamespace(PathBuf),
     #[error("cannot enter network namespace {}: {source}", path.display())]
     Enter { path: PathBuf, source: io::Error },
     #[error("cannot listen on {addr} in network namespace {}: {source}", path.display())]
@@ -45,15 +53,78 @@ pub enum NetnsError {
     },
 }
 
-/// A TCP listener on `addr` inside the network namespace at `netns`, non-blocking.
+/// A network namespace held open. Clones share the descriptor; two handles are equal when they
+/// hold the same namespace.
+#[derive(Clone)]
+pub struct Netns(Arc<Held>);
+
+struct Held {
+    path: PathBuf,
+    file: File,
+    /// The namespace's identity: the device and inode of its nsfs file.
+    id: (u64, u64),
+}
+
+impl Netns {
+    /// Opens the namespace at `path` (a runtime's bind mount, or a `/proc/<pid>/ns/net`).
+    pub fn open(path: &Path) -> Result<Netns, NetnsError> {
+        let enter_error = |source: io::Error| NetnsError::Enter {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => NetnsError::Gone(path.to_owned()),
+            _ => enter_error(e),
+        })?;
+        // Any file opens; only one of nsfs is a namespace (a runtime's path that was unmounted
+        // is left as a plain empty file).
+        let fs = fstatfs(&file).map_err(|e| enter_error(e.into()))?;
+        if fs.filesystem_type() != NSFS_MAGIC {
+            return Err(NetnsError::NotANamespace(path.to_owned()));
+        }
+        let meta = file.metadata().map_err(enter_error)?;
+        Ok(Netns(Arc::new(Held {
+            path: path.to_owned(),
+            file,
+            id: (meta.dev(), meta.ino()),
+        })))
+    }
+
+    /// Where the namespace was opened from, for messages.
+    pub fn path(&self) -> &Path {
+        &self.0.path
+    }
+}
+
+impl PartialEq for Netns {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for Netns {}
+
+impl Hash for Netns {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.id.hash(state);
+    }
+}
+
+impl std::fmt::Debug for Netns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Netns({})", self.0.path.display())
+    }
+}
+
+/// A TCP listener on `addr` inside `netns`, non-blocking.
 ///
 /// For the capture listener `addr` is `127.0.0.1:<port>` or `[::1]:<port>`: the table's rule
 /// `redirect to :<port>` in the nat output hook rewrites a locally generated connection's
 /// destination to the primary address of `lo`, 127.0.0.1 or ::1, keeping the original in
 /// conntrack for [`original_dst`].
-pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, NetnsError> {
+pub fn listen_in(netns: &Netns, addr: SocketAddr) -> Result<TcpListener, NetnsError> {
     let listen_error = |source: io::Error| NetnsError::Listen {
-        path: netns.to_owned(),
+        path: netns.path().to_owned(),
         addr,
         source,
     };
@@ -67,17 +138,14 @@ pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, NetnsErr
     Ok(TcpListener::from(fd))
 }
 
-/// A TCP connection to `to` from inside the network namespace at `netns`. The pod's capture
-/// table applies to it as to the app's own: `to` must not be a captured address. Must be
-/// called within a tokio runtime. Creating the socket
-/// holds the calling worker for one short thread's life (see the module's comment); the connect
-/// itself is asynchronous.
+/// A TCP connection to `to` from inside `netns`. The pod's capture table applies to it as to
+/// the app's own: `to` must not be a captured address. Must be called within a tokio runtime.
 pub async fn connect_from(
-    netns: &Path,
+    netns: &Netns,
     to: SocketAddr,
 ) -> Result<tokio::net::TcpStream, NetnsError> {
     let connect_error = |source: io::Error| NetnsError::Connect {
-        path: netns.to_owned(),
+        path: netns.path().to_owned(),
         to,
         source,
     };
@@ -86,10 +154,10 @@ pub async fn connect_from(
     socket.connect(to).await.map_err(connect_error)
 }
 
-/// The addresses of the network namespace at `netns`, loopback excluded.
-pub fn addresses_in(netns: &Path) -> Result<Vec<std::net::IpAddr>, NetnsError> {
+/// The addresses of `netns`, loopback excluded.
+pub fn addresses_in(netns: &Netns) -> Result<Vec<std::net::IpAddr>, NetnsError> {
     in_netns(netns, interface_addresses)?.map_err(|source| NetnsError::Enter {
-        path: netns.to_owned(),
+        path: netns.path().to_owned(),
         source,
     })
 }
@@ -108,7 +176,7 @@ pub fn holding(
             break;
         }
         let path = entry?.path();
-        let Ok(Ok(addresses)) = in_netns(&path, interface_addresses) else {
+        let Ok(addresses) = Netns::open(&path).and_then(|netns| addresses_in(&netns)) else {
             continue;
         };
         for ip in addresses.into_iter().filter(|ip| wanted.contains(ip)) {
@@ -174,29 +242,18 @@ fn new_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     Ok(socket(family, SockType::Stream, flags, None)?)
 }
 
-/// Runs `f` on a new thread that has joined the network namespace at `netns`; the thread ends
-/// with `f`, so no thread of the proxy stays in the pod's namespace.
-fn in_netns<T>(netns: &Path, f: impl FnOnce() -> T) -> Result<T, NetnsError> {
-    let enter_error = |source: io::Error| {
-        // setns fails with EINVAL when the path exists but is no longer a namespace (unmounted).
-        if source.kind() == io::ErrorKind::NotFound
-            || source.raw_os_error() == Some(Errno::EINVAL as i32)
-        {
-            NetnsError::Gone(netns.to_owned())
-        } else {
-            NetnsError::Enter {
-                path: netns.to_owned(),
-                source,
-            }
-        }
+/// Runs `f` with the calling thread in `netns`, and brings the thread back before returning.
+fn in_netns<T>(netns: &Netns, f: impl FnOnce() -> T) -> Result<T, NetnsError> {
+    let enter_error = |source: io::Error| NetnsError::Enter {
+        path: netns.path().to_owned(),
+        source,
     };
     HOME.with(|home| {
         let home = home.as_ref().map_err(|e| NetnsError::Enter {
             path: PathBuf::from("/proc/thread-self/ns/net"),
             source: io::Error::new(e.kind(), e.to_string()),
         })?;
-        let ns = File::open(netns).map_err(enter_error)?;
-        setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| enter_error(e.into()))?;
+        setns(netns.0.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| enter_error(e.into()))?;
         let _back = Return(home);
         Ok(f())
     })
@@ -224,7 +281,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_work_runs_in_the_pods_namespace_and_the_thread_comes_back() {
+    fn the_work_runs_in_the_held_namespace_and_the_thread_comes_back() {
         let own = || std::fs::read_link("/proc/thread-self/ns/net").unwrap();
         // A namespace of its own, held by a thread that waits: the pod's.
         let (held, holding) = std::sync::mpsc::channel();
@@ -240,23 +297,27 @@ mod tests {
             return;
         };
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let before = own();
-        assert_ne!(before, pods);
-        assert_eq!(in_netns(&path, own).unwrap(), pods);
-        assert_eq!(own(), before);
-        let panicked = std::panic::catch_unwind(|| in_netns(&path, || panic!("in the pod")));
-        assert!(panicked.is_err());
-        assert_eq!(own(), before, "back also after a panic");
+        let netns = Netns::open(&path).unwrap();
+        assert_eq!(netns, Netns::open(&path).unwrap(), "the same namespace");
+        assert_ne!(netns, Netns::open(Path::new("/proc/self/ns/net")).unwrap());
+        // The handle holds the namespace: the path and every other holder may go.
+        drop(file);
         drop(done);
         holder.join().unwrap();
+        let before = own();
+        assert_ne!(before, pods);
+        assert_eq!(in_netns(&netns, own).unwrap(), pods);
+        assert_eq!(own(), before);
+        let panicked = std::panic::catch_unwind(|| in_netns(&netns, || panic!("in the pod")));
+        assert!(panicked.is_err());
+        assert_eq!(own(), before, "back also after a panic");
     }
 
     #[test]
-    fn a_missing_namespace_is_gone() {
+    fn only_a_namespace_opens() {
         let missing = Path::new("/var/run/netns/aether-proxy-no-such-netns");
-        assert!(matches!(
-            listen_in(missing, "127.0.0.1:15001".parse().unwrap()),
-            Err(NetnsError::Gone(path)) if path == missing
-        ));
+        assert!(matches!(Netns::open(missing), Err(NetnsError::Gone(path)) if path == missing));
+        let file = Path::new("/proc/self/status");
+        assert!(matches!(Netns::open(file), Err(NetnsError::NotANamespace(path)) if path == file));
     }
 }

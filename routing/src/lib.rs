@@ -7,6 +7,8 @@
 //!   and the filters to apply;
 //! - [`PortProtocol`] says which Service ports are HTTP at all.
 
+#![forbid(unsafe_code)]
+
 mod compile;
 mod error;
 pub mod filters;

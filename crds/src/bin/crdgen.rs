@@ -1,6 +1,8 @@
 //! Writes the aether CRDs as YAML into the directory given (the chart's `crds/`),
 //! or prints them when no directory is given.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -23,34 +22,21 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tracing::debug;
 
+use super::error::Error;
 use super::http::{Body, absolute_uri};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::{Certs, FIRST_SVID_WAIT, TrustStore, peer_service_account};
-use crate::netns::{self, NetnsError};
+use crate::netns::{self, Netns, NetnsError};
 
 /// Bounds connecting to a peer; past it the request fails with 503.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle pooled connections to apps and unmeshed endpoints close after this.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot connect to {to}: {reason}")]
-    Connect { to: SocketAddr, reason: String },
-    #[error("mTLS handshake with {to} failed: {reason}")]
-    Handshake { to: SocketAddr, reason: String },
-    #[error("{to} presented no identity of the mesh")]
-    NoPeerIdentity { to: SocketAddr },
-    #[error("no SVID for {0} yet")]
-    NoSvid(ServiceAccount),
-    #[error("request to {to} failed: {reason}")]
-    Request { to: SocketAddr, reason: String },
-}
-
 /// Creates TCP connections inside one network namespace, for hyper's pooled client.
 #[derive(Clone)]
 pub struct NetnsConnector {
-    netns: Arc<Path>,
+    netns: Netns,
 }
 
 impl tower_service::Service<Uri> for NetnsConnector {
@@ -66,7 +52,7 @@ impl tower_service::Service<Uri> for NetnsConnector {
         let netns = self.netns.clone();
         Box::pin(async move {
             let to = uri_addr(&uri).ok_or_else(|| NetnsError::Connect {
-                path: netns.to_path_buf(),
+                path: netns.path().to_path_buf(),
                 to: SocketAddr::from(([0, 0, 0, 0], 0)),
                 source: std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
@@ -100,11 +86,11 @@ const REFUSED_PAUSES: [Duration; 6] = [
     Duration::from_millis(1600),
 ];
 
-async fn connect(netns: &Path, to: SocketAddr) -> Result<TcpStream, NetnsError> {
+async fn connect(netns: &Netns, to: SocketAddr) -> Result<TcpStream, NetnsError> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(netns, to))
         .await
         .map_err(|_| NetnsError::Connect {
-            path: netns.to_owned(),
+            path: netns.path().to_owned(),
             to,
             source: std::io::ErrorKind::TimedOut.into(),
         })??;
@@ -155,7 +141,7 @@ impl MeshConn {
 }
 
 pub struct PodClients {
-    netns: Arc<Path>,
+    netns: Netns,
     h1: Client<NetnsConnector, Body>,
     h2c: Client<NetnsConnector, Body>,
     /// By local ServiceAccount, then peer: looked up without building a key per request.
@@ -163,7 +149,7 @@ pub struct PodClients {
 }
 
 impl PodClients {
-    pub fn new(netns: Arc<Path>) -> Self {
+    pub fn new(netns: Netns) -> Self {
         let connector = NetnsConnector {
             netns: netns.clone(),
         };
@@ -187,21 +173,17 @@ impl PodClients {
         to: SocketAddr,
         mut request: Request<Body>,
         http2: bool,
-    ) -> Result<Response<Incoming>, ClientError> {
+    ) -> Result<Response<Incoming>, Error> {
         let uri = std::mem::take(request.uri_mut());
-        *request.uri_mut() =
-            absolute_uri(&to.to_string(), uri).map_err(|e| ClientError::Request {
-                to,
-                reason: e.to_string(),
-            })?;
+        *request.uri_mut() = absolute_uri(&to.to_string(), uri).map_err(|e| Error::Request {
+            to,
+            reason: e.to_string(),
+        })?;
         let client = if http2 { &self.h2c } else { &self.h1 };
-        client
-            .request(request)
-            .await
-            .map_err(|e| ClientError::Request {
-                to,
-                reason: aether_cni::error_chain(&e),
-            })
+        client.request(request).await.map_err(|e| Error::Request {
+            to,
+            reason: aether_cni::error_chain(&e),
+        })
     }
 
     /// The pooled connection for `source`'s pods to `to`, or a new one presenting `source`'s
@@ -213,12 +195,12 @@ impl PodClients {
         certs: &Certs,
         to: SocketAddr,
         reuse: bool,
-    ) -> Result<(MeshConn, Fresh), ClientError> {
+    ) -> Result<(MeshConn, Fresh), Error> {
         if reuse && let Some(conn) = self.pooled(source, to) {
             return Ok((conn, Fresh(false)));
         }
         if !certs.wait_for(source, FIRST_SVID_WAIT).await {
-            return Err(ClientError::NoSvid(source.clone()));
+            return Err(Error::NoSvid(source.clone()));
         }
         // Boxed: the handshake's large state would otherwise be part of every request's future.
         let conn =
@@ -247,7 +229,7 @@ impl PodClients {
         config: Arc<ClientConfig>,
         trust: &TrustStore,
         to: SocketAddr,
-    ) -> Result<MeshConn, ClientError> {
+    ) -> Result<MeshConn, Error> {
         let mut pauses = REFUSED_PAUSES.iter();
         let tcp = loop {
             match connect(&self.netns, to).await {
@@ -259,36 +241,39 @@ impl PodClients {
                     tokio::time::sleep(*pause).await;
                 }
                 Err(e) => {
-                    return Err(ClientError::Connect {
+                    return Err(Error::Connect {
                         to,
                         reason: e.to_string(),
                     });
                 }
             }
         };
-        let handshake = tokio_rustls::TlsConnector::from(config)
-            .connect(ServerName::IpAddress(to.ip().into()), tcp);
+        let handshake = tokio_rustls::TlsConnector::from(config).connect(
+            ServerName::IpAddress(to.ip().into()),
+            super::http::mesh_socket(tcp),
+        );
         let tls = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
             .await
-            .map_err(|_| ClientError::Handshake {
+            .map_err(|_| Error::Handshake {
                 to,
                 reason: format!("no answer within {CONNECT_TIMEOUT:?}"),
             })?
-            .map_err(|e| ClientError::Handshake {
+            .map_err(|e| Error::Handshake {
                 to,
                 reason: e.to_string(),
             })?;
         let peer_id = peer_service_account(trust, tls.get_ref().1.peer_certificates())
-            .ok_or(ClientError::NoPeerIdentity { to })?
+            .ok_or(Error::NoPeerIdentity { to })?
             .spiffe_id(trust.trust_domain())
             .into();
         let (send, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30))
             .max_header_list_size(super::http::MESH_HEADER_LIST)
+            .max_frame_size(super::http::MESH_FRAME)
             .handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| ClientError::Handshake {
+            .map_err(|e| Error::Handshake {
                 to,
                 reason: e.to_string(),
             })?;

@@ -10,7 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// A direction's first buffer, and the largest it grows to.
 const FIRST_BUFFER: usize = 4 * 1024;
-const LARGEST_BUFFER: usize = 128 * 1024;
+pub(super) const LARGEST_BUFFER: usize = 128 * 1024;
 
 /// Copies `a` to `b` and `b` to `a` at once. A side that reaches its end of stream has the other
 /// side's write half shut down, and the other direction goes on (half-close). Returns the bytes

@@ -16,6 +16,7 @@ use hyper_util::server::conn::auto;
 use tracing::debug;
 
 use super::clients::CONNECT_TIMEOUT;
+use super::error::Error;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
@@ -41,6 +42,15 @@ pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// HTTP/2 counts 32 bytes more per header than its name and value; the mesh hop adds a few
 /// headers of its own.
 pub const MESH_HEADER_LIST: u32 = 2 * MAX_HEADER_BYTES as u32;
+/// The largest HTTP/2 frame either proxy of a mesh hop takes. At the default 16 KiB a tunnel's
+/// largest write would go as eight frames, each a write of its own to the TLS socket.
+pub const MESH_FRAME: u32 = super::copy::LARGEST_BUFFER as u32;
+
+/// A mesh connection's socket, read ahead: rustls asks for 4 KiB at a time, several reads of
+/// the socket for one full TLS record, where this makes one read for several records.
+pub fn mesh_socket(stream: tokio::net::TcpStream) -> tokio::io::BufReader<tokio::net::TcpStream> {
+    tokio::io::BufReader::with_capacity(64 * 1024, stream)
+}
 
 /// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -184,26 +194,26 @@ impl Asked {
 /// Sends a CONNECT (its URI the authority it names) to `to` from the network namespace
 /// `netns`, on a connection of its own: a pooled client would name the address it dials.
 pub async fn send_connect(
-    netns: &std::path::Path,
+    netns: &crate::netns::Netns,
     to: std::net::SocketAddr,
     request: ::http::Request<Body>,
-) -> Result<Response<Incoming>, String> {
+) -> Result<Response<Incoming>, Error> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, crate::netns::connect_from(netns, to))
         .await
-        .map_err(|_| format!("connecting to {to} timed out"))?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| Error::ConnectTimeout(to))??;
+    let failed = |e: hyper::Error| Error::Request {
+        to,
+        reason: aether_cni::error_chain(&e),
+    };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| aether_cni::error_chain(&e))?;
+        .map_err(failed)?;
     tokio::spawn(async move {
         if let Err(error) = connection.with_upgrades().await {
             debug!(%error, "a CONNECT's connection ended with an error");
         }
     });
-    sender
-        .send_request(request)
-        .await
-        .map_err(|e| aether_cni::error_chain(&e))
+    sender.send_request(request).await.map_err(failed)
 }
 
 /// Marks `headers` as those of a protocol switch to `protocol`: `Connection: upgrade` and

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::clients::{CONNECT_TIMEOUT, PodClients};
+use super::error::Error;
 use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh, probe};
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
@@ -64,7 +65,9 @@ pub async fn serve(
         return;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(mesh.certs.server_config(&sa));
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(h::mesh_socket(stream)))
+        .await
+    {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             mesh.metrics.handshake("server", false);
@@ -104,6 +107,7 @@ pub async fn serve(
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .max_header_list_size(h::MESH_HEADER_LIST)
+        .max_frame_size(h::MESH_FRAME)
         .serve_connection(TokioIo::new(tls), service);
     tokio::pin!(connection);
     // A stopped listener (the proxy hands over, the pod leaves) sends GOAWAY: the peer's
@@ -200,11 +204,17 @@ impl App {
             .await
         {
             Ok(response) => response.map(h::incoming),
-            Err(e) => {
-                warn!(pod = %self.pod.pod, error = %e, "the app did not answer a mesh request");
-                answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-            }
+            Err(error) => self.failed(error, "the app did not answer a mesh request"),
         }
+    }
+
+    /// The answer the peer gets in place of the app's, counted and logged.
+    fn failed(&self, error: Error, what: &str) -> Response<Body> {
+        self.mesh
+            .metrics
+            .failure(Direction::Inbound, error.reason());
+        warn!(pod = %self.pod.pod, reason = error.reason(), %error, "{what}");
+        answer(error.status(), error.to_string())
     }
 }
 
@@ -254,22 +264,15 @@ impl App {
     /// each side has closed its half.
     async fn opaque(&self, mut request: Request<Incoming>, port: u16) -> Response<Body> {
         let to = SocketAddr::new(self.address, port);
-        let app =
-            match tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&self.pod.netns, to))
+        let connected =
+            tokio::time::timeout(CONNECT_TIMEOUT, netns::connect_from(&self.pod.netns, to))
                 .await
-            {
-                Ok(Ok(app)) => app,
-                Ok(Err(e)) => {
-                    warn!(pod = %self.pod.pod, error = %e, "the app refused a mesh tunnel");
-                    return answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
-                }
-                Err(_) => {
-                    return answer(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("connecting to {to} timed out"),
-                    );
-                }
-            };
+                .map_err(|_| Error::ConnectTimeout(to))
+                .and_then(|app| app.map_err(Error::from));
+        let app = match connected {
+            Ok(app) => app,
+            Err(error) => return self.failed(error, "the app refused a mesh tunnel"),
+        };
         let upgrade = hyper::upgrade::on(&mut request);
         let pod = self.pod.pod.clone();
         tokio::spawn(async move {
@@ -336,10 +339,7 @@ impl App {
             h::Asked::Upgrade(protocol) => {
                 h::set_upgrade(&mut headers, protocol.clone());
                 *to_app.headers_mut() = headers;
-                self.clients
-                    .plain(app, to_app, false)
-                    .await
-                    .map_err(|e| e.to_string())
+                self.clients.plain(app, to_app, false).await
             }
             h::Asked::Connect(_) => {
                 *to_app.method_mut() = Method::CONNECT;
@@ -349,10 +349,7 @@ impl App {
         };
         let mut response = match answered {
             Ok(response) => response,
-            Err(e) => {
-                warn!(pod = %self.pod.pod, error = %e, "the app did not answer a switch");
-                return answer(StatusCode::SERVICE_UNAVAILABLE, e);
-            }
+            Err(error) => return self.failed(error, "the app did not answer a switch"),
         };
         let status = response.status();
         if !asked.agreed(status) {

@@ -10,9 +10,11 @@
 //! - [`clients`]: connections made from inside a pod's network namespace, pooled: plain
 //!   HTTP to unmeshed endpoints and apps, HTTP/2 over mTLS between proxies.
 //! - [`copy`]: bytes both ways between two connections, for everything not HTTP.
+//! - [`error`]: why a request or connection was not carried, its status code and metric label.
 
 pub mod clients;
 pub mod copy;
+pub mod error;
 pub mod http;
 pub mod inbound;
 pub mod outbound;
@@ -20,7 +22,6 @@ pub mod probe;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -36,6 +37,7 @@ use crate::identity::tls::Certs;
 use crate::listeners::{Drain, Handler, Limit, Opening, PodInfo, Role};
 use crate::mesh::Snapshot;
 use crate::metrics::Metrics;
+use crate::netns::Netns;
 use crate::probes::Probes;
 use clients::PodClients;
 
@@ -152,7 +154,7 @@ pub struct DataPlane {
     balancer: Balancer,
     stats: ForwardStats,
     /// Connections made from each local pod, by its network namespace.
-    clients: Mutex<HashMap<Arc<Path>, Arc<PodClients>>>,
+    clients: Mutex<HashMap<Netns, Arc<PodClients>>>,
 }
 
 impl DataPlane {
@@ -188,7 +190,7 @@ impl DataPlane {
         }
     }
 
-    fn clients(&self, netns: &Arc<Path>) -> Arc<PodClients> {
+    fn clients(&self, netns: &Netns) -> Arc<PodClients> {
         let mut all = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         all.entry(netns.clone())
             .or_insert_with(|| Arc::new(PodClients::new(netns.clone())))

@@ -23,7 +23,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use super::clients::{CONNECT_TIMEOUT, ClientError, MeshConn, PodClients, SendError};
+use super::clients::{CONNECT_TIMEOUT, MeshConn, PodClients, SendError};
+use super::error::{Error, WrongPeer};
 use super::http::{
     self as h, Body, Carried, FORWARD_HEADER, absolute_uri, answer, authority, forward_value,
     strip_hop_by_hop,
@@ -495,10 +496,7 @@ impl Connection {
         };
         let balancer = &self.plane.balancer;
         let Some(endpoint) = self.endpoint(snapshot, &service, backend.port) else {
-            return served(answer(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("backend {backend} has no ready endpoint"),
-            ));
+            return served(self.failed(backend, None, Error::NoEndpoint(backend.to_string())));
         };
         // The client asks to take its connection past HTTP (a WebSocket, a CONNECT): the
         // connection is taken over once the backend agreed.
@@ -538,10 +536,11 @@ impl Connection {
                 Err(_) => {
                     // Counts as a latency of the whole limit.
                     in_flight.finish();
-                    return served(answer(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        format!("backend {backend} did not answer within {limit:?}"),
-                    ));
+                    let error = Error::Timeout {
+                        backend: backend.to_string(),
+                        limit,
+                    };
+                    return served(self.failed(backend, None, error));
                 }
             },
             None => exchange.await,
@@ -551,12 +550,34 @@ impl Connection {
                 in_flight.finish();
                 served(response)
             }
-            Err(message) => {
+            Err(error) => {
                 in_flight.fail();
-                warn!(pod = %self.pod.pod, backend = %backend, endpoint = %endpoint.addr, error = %message, "request failed");
-                served(answer(StatusCode::SERVICE_UNAVAILABLE, message))
+                served(self.failed(backend, Some(endpoint.addr), error))
             }
         }
+    }
+
+    /// The answer a client gets in place of the backend's, counted and logged (a backend's
+    /// own state, no endpoint or too slow, only at debug: it is not the mesh failing).
+    fn failed(
+        &self,
+        backend: &ServiceRef,
+        endpoint: Option<SocketAddr>,
+        error: Error,
+    ) -> Response<Body> {
+        self.mesh
+            .metrics
+            .failure(Direction::Outbound, error.reason());
+        let pod = &self.pod.pod;
+        match error {
+            Error::NoEndpoint(_) | Error::Timeout { .. } => {
+                debug!(%pod, %backend, reason = error.reason(), %error, "request failed")
+            }
+            _ => {
+                warn!(%pod, %backend, ?endpoint, reason = error.reason(), %error, "request failed")
+            }
+        }
+        answer(error.status(), error.to_string())
     }
 
     async fn send_plain(
@@ -564,12 +585,11 @@ impl Connection {
         to: SocketAddr,
         parts: ::http::request::Parts,
         body: Body,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Incoming>, Error> {
         let http2 = parts.version == Version::HTTP_2;
         self.clients
             .plain(to, Request::from_parts(parts, body), http2)
             .await
-            .map_err(|e| e.to_string())
     }
 
     async fn send_mesh(
@@ -580,13 +600,18 @@ impl Connection {
         mut parts: ::http::request::Parts,
         body: Body,
         host: &str,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Incoming>, Error> {
         parts.headers.insert(
             FORWARD_HEADER,
             forward_value(endpoint.port(), Carried::of_version(parts.version)),
         );
-        parts.uri = absolute_uri(host, std::mem::take(&mut parts.uri))
-            .map_err(|e| format!("request authority {host:?}: {e}"))?;
+        parts.uri = absolute_uri(host, std::mem::take(&mut parts.uri)).map_err(|e| {
+            Error::InvalidRequest {
+                what: "authority",
+                value: host.to_owned(),
+                reason: e.to_string(),
+            }
+        })?;
         parts.version = Version::HTTP_2;
         self.mesh_send(
             snapshot,
@@ -604,15 +629,12 @@ impl Connection {
         endpoint: SocketAddr,
         mut parts: ::http::request::Parts,
         switch: Switch,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Body>, Error> {
         let mut response = match &switch.asked {
             h::Asked::Upgrade(protocol) => {
                 h::set_upgrade(&mut parts.headers, protocol.clone());
                 let request = Request::from_parts(parts, h::full(Bytes::new()));
-                self.clients
-                    .plain(endpoint, request, false)
-                    .await
-                    .map_err(|e| e.to_string())?
+                self.clients.plain(endpoint, request, false).await?
             }
             h::Asked::Connect(authority) => {
                 parts.uri = ::http::Uri::from(authority.clone());
@@ -647,14 +669,8 @@ impl Connection {
         endpoint: SocketAddr,
         parts: ::http::request::Parts,
         switch: Switch,
-    ) -> Result<Response<Body>, String> {
-        let mut request = Request::new(h::full(Bytes::new()));
-        *request.method_mut() = Method::CONNECT;
-        *request.uri_mut() = endpoint
-            .to_string()
-            .parse()
-            .map_err(|e| format!("{endpoint} as an authority: {e}"))?;
-        *request.version_mut() = Version::HTTP_2;
+    ) -> Result<Response<Body>, Error> {
+        let mut request = tunnel_request(endpoint);
         // The path of the switching request, or the authority the CONNECT names.
         let target = match &switch.asked {
             h::Asked::Upgrade(_) => parts
@@ -673,10 +689,12 @@ impl Connection {
         if let h::Asked::Upgrade(protocol) = &switch.asked {
             headers.insert(h::UPGRADE_HEADER, protocol.clone());
         }
-        headers.insert(
-            h::PATH_HEADER,
-            HeaderValue::from_str(&target).map_err(|e| format!("target {target:?}: {e}"))?,
-        );
+        let path = HeaderValue::from_str(&target).map_err(|e| Error::InvalidRequest {
+            what: "target",
+            value: target.clone(),
+            reason: e.to_string(),
+        })?;
+        headers.insert(h::PATH_HEADER, path);
         let mut response = self.mesh_send(snapshot, service, endpoint, request).await?;
         let switched = response.headers_mut().remove(h::UPGRADE_HEADER);
         let upgrade = match (&switch.asked, switched, response.status()) {
@@ -710,16 +728,20 @@ impl Connection {
         service: &ServiceKey,
         endpoint: SocketAddr,
         request: Request<Body>,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Incoming>, Error> {
+        let failed = |e: SendError| Error::Request {
+            to: endpoint,
+            reason: e.to_string(),
+        };
         let mut conn = self.mesh_conn(snapshot, service, endpoint, true).await?;
         match conn.send(request).await {
             Ok(response) => Ok(response),
             Err(SendError::NotSent(request, error)) => {
                 debug!(pod = %self.pod.pod, %endpoint, error = %aether_cni::error_chain(&error), "the pooled mesh connection was closing; sending on a new one");
                 let mut conn = self.mesh_conn(snapshot, service, endpoint, false).await?;
-                conn.send(*request).await.map_err(|e| e.to_string())
+                conn.send(*request).await.map_err(failed)
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(failed(e)),
         }
     }
 
@@ -731,7 +753,7 @@ impl Connection {
         service: &ServiceKey,
         endpoint: SocketAddr,
         reuse: bool,
-    ) -> Result<MeshConn, String> {
+    ) -> Result<MeshConn, Error> {
         let mesh = &self.mesh;
         let source = self.source()?;
         let peer_addr = SocketAddr::new(endpoint.ip(), mesh.inbound_port);
@@ -748,14 +770,20 @@ impl Connection {
                 conn
             }
             Err(e) => {
-                if !matches!(e, ClientError::NoSvid(_)) {
+                if !matches!(e, Error::NoSvid(_)) {
                     mesh.metrics.handshake("client", false);
                 }
-                return Err(e.to_string());
+                return Err(e);
             }
         };
-        check_peer(snapshot.identities.get(service), &conn.peer_id)
-            .map_err(|why| format!("endpoint {endpoint} of {service}: {why}"))?;
+        check_peer(snapshot.identities.get(service), &conn.peer_id).map_err(|allowed| {
+            Error::PeerNotAllowed(Box::new(WrongPeer {
+                endpoint,
+                service: service.clone(),
+                peer: conn.peer_id.to_string(),
+                allowed,
+            }))
+        })?;
         Ok(conn)
     }
 
@@ -767,9 +795,8 @@ impl Connection {
         let snapshot = self.mesh.snapshot.load();
         let balancer = &self.plane.balancer;
         let Some(endpoint) = self.endpoint(&snapshot, &self.target, self.port) else {
-            warn!(pod = %self.pod.pod, target = %self.target, port = self.port, "no ready endpoint for an opaque connection; resetting it");
-            let _ = app.set_zero_linger();
-            return;
+            let error = Error::NoEndpoint(format!("{}:{}", self.target, self.port));
+            return self.reset(app, None, error);
         };
         let in_flight = balancer.start(endpoint.addr);
         let opened = if endpoint.meshed {
@@ -780,8 +807,8 @@ impl Connection {
                 netns::connect_from(&self.pod.netns, endpoint.addr),
             )
             .await
-            .map_err(|_| format!("connecting to {} timed out", endpoint.addr))
-            .and_then(|c| c.map_err(|e| e.to_string()))
+            .map_err(|_| Error::ConnectTimeout(endpoint.addr))
+            .and_then(|c| c.map_err(Error::from))
             .map(|tcp| Box::new(tcp) as Box<dyn Io>)
         };
         let mut backend = match opened {
@@ -792,9 +819,7 @@ impl Connection {
             }
             Err(error) => {
                 in_flight.fail();
-                warn!(pod = %self.pod.pod, target = %self.target, endpoint = %endpoint.addr, %error, "cannot open an opaque connection; resetting it");
-                let _ = app.set_zero_linger();
-                return;
+                return self.reset(app, Some(endpoint.addr), error);
             }
         };
         if let Err(error) = super::copy::both_ways(&mut app, &mut backend).await {
@@ -813,18 +838,22 @@ impl Connection {
         Some(endpoints[index].clone())
     }
 
+    /// An opaque connection that cannot be carried is reset (its app sees what a refused
+    /// connection looks like), counted and logged.
+    fn reset(&self, app: TcpStream, endpoint: Option<SocketAddr>, error: Error) {
+        self.mesh
+            .metrics
+            .failure(Direction::Outbound, error.reason());
+        warn!(pod = %self.pod.pod, target = %self.target, port = self.port, ?endpoint, reason = error.reason(), %error, "cannot open an opaque connection; resetting it");
+        let _ = app.set_zero_linger();
+    }
+
     async fn open_tunnel(
         &self,
         snapshot: &Snapshot,
         endpoint: SocketAddr,
-    ) -> Result<Box<dyn Io>, String> {
-        let mut request = Request::new(h::full(Bytes::new()));
-        *request.method_mut() = Method::CONNECT;
-        *request.uri_mut() = endpoint
-            .to_string()
-            .parse()
-            .map_err(|e| format!("{endpoint} as an authority: {e}"))?;
-        *request.version_mut() = Version::HTTP_2;
+    ) -> Result<Box<dyn Io>, Error> {
+        let mut request = tunnel_request(endpoint);
         request
             .headers_mut()
             .insert(FORWARD_HEADER, forward_value(endpoint.port(), Carried::Tcp));
@@ -832,19 +861,22 @@ impl Connection {
             .mesh_send(snapshot, &self.target, endpoint, request)
             .await?;
         if response.status() != StatusCode::OK {
-            return Err(format!(
-                "endpoint {endpoint} refused the tunnel: {}",
-                response.status()
-            ));
+            return Err(Error::TunnelRefused {
+                endpoint,
+                status: response.status(),
+            });
         }
         let upgraded = hyper::upgrade::on(response)
             .await
-            .map_err(|e| format!("tunnel to {endpoint}: {e}"))?;
+            .map_err(|e| Error::Tunnel {
+                endpoint,
+                reason: aether_cni::error_chain(&e),
+            })?;
         Ok(Box::new(TokioIo::new(upgraded)))
     }
 
     /// The client pod's ServiceAccount, looked up on the connection's first mesh request.
-    fn source(&self) -> Result<&ServiceAccount, String> {
+    fn source(&self) -> Result<&ServiceAccount, Error> {
         if let Some(source) = self.source.get() {
             return Ok(source);
         }
@@ -852,12 +884,7 @@ impl Connection {
             .mesh
             .workloads
             .service_account(&self.pod.pod)
-            .ok_or_else(|| {
-                format!(
-                    "the ServiceAccount of pod {} is not known yet",
-                    self.pod.pod
-                )
-            })?;
+            .ok_or_else(|| Error::NoSourceIdentity(self.pod.pod.clone()))?;
         Ok(self.source.get_or_init(|| source))
     }
 }
@@ -874,18 +901,26 @@ fn without_hop_by_hop(mut response: Response<Incoming>) -> Response<Body> {
     response.map(h::incoming)
 }
 
+/// An HTTP/2 CONNECT to `endpoint`'s proxy, on the pooled connection: the tunnel of an opaque
+/// connection or a protocol switch.
+fn tunnel_request(endpoint: SocketAddr) -> Request<Body> {
+    let mut request = Request::new(h::full(Bytes::new()));
+    *request.method_mut() = Method::CONNECT;
+    *request.uri_mut() = ::http::uri::Authority::from_maybe_shared(endpoint.to_string())
+        .map(::http::Uri::from)
+        .unwrap_or_default();
+    *request.version_mut() = Version::HTTP_2;
+    request
+}
+
 /// A backend's peer must prove one of the identities the backend Service may present (the
 /// ServiceAccounts of its pods); an endpoint holding another workload's certificate, or a
-/// Service whose identities are unknown, gets no request.
-fn check_peer(allowed: Option<&BTreeSet<String>>, peer: &str) -> Result<(), String> {
+/// Service whose identities are unknown, gets no request. Refused: the identities allowed.
+fn check_peer(allowed: Option<&BTreeSet<String>>, peer: &str) -> Result<(), Vec<String>> {
     match allowed {
         Some(ids) if ids.contains(peer) => Ok(()),
-        Some(ids) => Err(format!(
-            "presented {peer}, not one of the allowed identities {ids:?}"
-        )),
-        None => Err(format!(
-            "presented {peer}, but no identity is known for the Service yet"
-        )),
+        Some(ids) => Err(ids.iter().cloned().collect()),
+        None => Err(Vec::new()),
     }
 }
 
@@ -908,16 +943,17 @@ mod tests {
         let allowed: BTreeSet<String> = [v1.to_string()].into();
         assert_eq!(check_peer(Some(&allowed), v1), Ok(()));
         let other = check_peer(Some(&allowed), "spiffe://cluster.local/ns/shop/sa/intruder");
-        assert!(
-            other
-                .unwrap_err()
-                .contains("not one of the allowed identities")
-        );
-        assert!(
-            check_peer(None, v1)
-                .unwrap_err()
-                .contains("no identity is known")
-        );
+        assert_eq!(other, Err(vec![v1.to_string()]));
+        assert_eq!(check_peer(None, v1), Err(Vec::new()));
         assert!(check_peer(Some(&BTreeSet::new()), v1).is_err());
+    }
+
+    #[test]
+    fn a_tunnel_names_the_endpoint_as_its_authority() {
+        for endpoint in ["10.0.0.7:8080", "[fd00::7]:8080"] {
+            let request = tunnel_request(endpoint.parse().unwrap());
+            assert_eq!(request.method(), Method::CONNECT);
+            assert_eq!(request.uri().to_string(), endpoint);
+        }
     }
 }

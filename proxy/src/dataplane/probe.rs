@@ -128,7 +128,7 @@ impl Forward {
             Ok(response) => response.map(h::incoming),
             Err(e) => {
                 debug!(pod = %self.pod.pod, error = %e, "the app did not answer a probe");
-                answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                answer(e.status(), e.to_string())
             }
         }
     }

@@ -16,7 +16,8 @@ use aether_e2e::mesh::{
     Accounts, CONSISTENCY_TIMEOUT, MESH_NS, TRUST_DOMAIN, client, client_pod, install,
     mesh_workloads, run_client, uninstall, unmesh_workloads, wait_accepted, wait_nodes_applied,
 };
-use aether_e2e::{Cluster, pod_ip};
+use aether_e2e::process::admin_get;
+use aether_e2e::{Cluster, node_of, pod_ip};
 use aether_test_support::cases::{Case, Cases, RouteRef, Test, Weighted};
 use aether_test_support::upstream;
 use anyhow::{Context, Result, bail};
@@ -408,8 +409,24 @@ async fn refuses_an_identity_outside_the_allowed_set(cluster: &Cluster) -> Resul
             );
         }
     }
+    // The caller's proxy counts each refusal under its reason.
+    let (_, metrics) = admin_get(&cluster.node_ip(&node_of(&pod)?)?, "/metrics")?;
+    let counted: u64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("aether_proxy_failures_total{")
+                && l.contains(r#"direction="outbound""#)
+                && l.contains(r#"reason="peer_identity""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    if counted < refused {
+        bail!(
+            "{refused} requests were refused for the peer's identity, but the proxy counted {counted}"
+        );
+    }
     eprintln!(
-        "an endpoint with an identity outside the allowed set was refused ({refused} refused, {served} served by echo-v1)"
+        "an endpoint with an identity outside the allowed set was refused ({refused} refused and counted, {served} served by echo-v1)"
     );
     cluster.kubectl(&[
         "-n",
