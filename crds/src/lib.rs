@@ -1,14 +1,14 @@
 //! The `aether.io` API: the RouteTarget and NodeConfig custom resources, the HTTPRoute-shaped
-//! rule types, and the well-known labels and annotations shared by every component.
+//! rule types, and what aether reads of Pods and EndpointSlices.
 
 #![forbid(unsafe_code)]
 
 pub mod conditions;
 pub mod http;
 pub mod node_config;
+pub mod pods;
 pub mod route_target;
 pub mod slices;
-pub mod well_known;
 
 pub use node_config::{NodeConfig, NodeConfigSpec, NodeConfigStatus};
 pub use route_target::{RouteTarget, RouteTargetSpec, RouteTargetStatus};

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
-use aether_crds::well_known::{CAPTURE_ANNOTATION, DEPENDS_ON_ANNOTATION};
+use aether_core::names::{CAPTURE_ANNOTATION, DEPENDS_ON_ANNOTATION};
 use aether_crds::{NodeConfig, RouteTarget};
 use futures::StreamExt;
 use gateway_api::grpcroutes::GrpcRoute;
@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 
 use crate::index::Index;
 
@@ -204,9 +205,10 @@ impl Reduce for NodeConfig {
     }
 }
 
-/// Starts a watch feeding a cache of reduced objects. An event whose reduced object equals
-/// the cached one (a heartbeat, a status the operator does not read) is not a change.
-fn watch<K>(api: Api<K>, kind: Kind, changes: Arc<Changes>) -> Store<K>
+/// Starts a watch feeding a cache of reduced objects, as a task of `tasks` that ends only by a
+/// panic. An event whose reduced object equals the cached one (a heartbeat, a status the
+/// operator does not read) is not a change.
+fn watch<K>(api: Api<K>, kind: Kind, changes: Arc<Changes>, tasks: &mut JoinSet<Kind>) -> Store<K>
 where
     K: Resource + Reduce + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -216,7 +218,7 @@ where
     let stream = watcher(api, watcher::Config::default())
         .modify(K::reduce)
         .default_backoff();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             let event = match event {
@@ -241,6 +243,7 @@ where
                 changes.record(part);
             }
         }
+        kind
     });
     store
 }
@@ -259,19 +262,53 @@ pub struct Stores {
 }
 
 impl Stores {
-    pub fn start(client: &kube::Client, changes: &Arc<Changes>) -> Self {
+    /// Starts every watch. The tasks are returned so that the controller ends, and with it the
+    /// process, when one ends: a cache nobody fills would serve stale objects for ever.
+    pub fn start(client: &kube::Client, changes: &Arc<Changes>) -> (Self, JoinSet<Kind>) {
+        let mut tasks = JoinSet::new();
         let all = || client.clone();
-        Stores {
-            services: watch(Api::all(all()), Kind::Service, changes.clone()),
-            http_routes: watch(Api::all(all()), Kind::HttpRoute, changes.clone()),
-            grpc_routes: watch(Api::all(all()), Kind::GrpcRoute, changes.clone()),
-            targets: watch(Api::all(all()), Kind::RouteTarget, changes.clone()),
-            namespaces: watch(Api::all(all()), Kind::Namespace, changes.clone()),
-            pods: watch(Api::all(all()), Kind::Pod, changes.clone()),
-            slices: watch(Api::all(all()), Kind::EndpointSlice, changes.clone()),
-            node_configs: watch(Api::all(all()), Kind::NodeConfig, changes.clone()),
-            nodes: watch(Api::all(all()), Kind::Node, changes.clone()),
-        }
+        let stores = Stores {
+            services: watch(Api::all(all()), Kind::Service, changes.clone(), &mut tasks),
+            http_routes: watch(
+                Api::all(all()),
+                Kind::HttpRoute,
+                changes.clone(),
+                &mut tasks,
+            ),
+            grpc_routes: watch(
+                Api::all(all()),
+                Kind::GrpcRoute,
+                changes.clone(),
+                &mut tasks,
+            ),
+            targets: watch(
+                Api::all(all()),
+                Kind::RouteTarget,
+                changes.clone(),
+                &mut tasks,
+            ),
+            namespaces: watch(
+                Api::all(all()),
+                Kind::Namespace,
+                changes.clone(),
+                &mut tasks,
+            ),
+            pods: watch(Api::all(all()), Kind::Pod, changes.clone(), &mut tasks),
+            slices: watch(
+                Api::all(all()),
+                Kind::EndpointSlice,
+                changes.clone(),
+                &mut tasks,
+            ),
+            node_configs: watch(
+                Api::all(all()),
+                Kind::NodeConfig,
+                changes.clone(),
+                &mut tasks,
+            ),
+            nodes: watch(Api::all(all()), Kind::Node, changes.clone(), &mut tasks),
+        };
+        (stores, tasks)
     }
 
     pub async fn ready(&self) -> bool {

@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aether_crds::well_known::DERIVED_LABEL;
+use aether_core::names::DERIVED_LABEL;
 use aether_crds::{NodeConfig, NodeConfigSpec, RouteTarget, RouteTargetSpec};
 use futures::StreamExt;
 use gateway_api::grpcroutes::GrpcRoute;
@@ -102,7 +102,8 @@ pub async fn run(
     ready: watch::Sender<aether_admin::Readiness>,
 ) {
     let changes = Arc::new(Changes::default());
-    let stores = Arc::new(Stores::start(&client, &changes));
+    let (stores, mut watches) = Stores::start(&client, &changes);
+    let stores = Arc::new(stores);
     if !stores.ready().await {
         tracing::error!("watch caches never became ready");
         return;
@@ -135,6 +136,11 @@ pub async fn run(
             // write no status any more; ending here makes the process exit and restart.
             ended = &mut statuses => {
                 tracing::error!(error = ?ended.err(), "the status loop ended");
+                return;
+            }
+            // Likewise a watch: its cache would go stale.
+            Some(ended) = watches.join_next() => {
+                tracing::error!(watch = ?ended, "a watch task ended");
                 return;
             }
         }

@@ -4,7 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aether_crds::well_known::{DEPENDS_ON_ANNOTATION, namespace_is_managed, pod_is_meshed};
+use aether_core::identity::ServiceAccount;
+use aether_core::meshing::namespace_is_managed;
+use aether_core::names::{DEPENDS_ON_ANNOTATION, DERIVED_LABEL};
+use aether_core::service;
+use aether_crds::pods;
 use aether_crds::{NodeConfig, RouteTarget, slices};
 use aether_routing::{RouteSource, ServiceInfo, ServiceKind, ServicePort};
 use gateway_api::grpcroutes::GrpcRoute;
@@ -27,10 +31,10 @@ pub struct ServiceData {
     pub selector: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodData {
     pub node: Option<String>,
-    pub service_account: String,
+    pub service_account: ServiceAccount,
     pub labels: BTreeMap<String, String>,
     /// In a managed namespace and not opted out.
     pub meshed: bool,
@@ -204,7 +208,7 @@ impl Index {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(aether_crds::well_known::DERIVED_LABEL))
+            .and_then(|l| l.get(DERIVED_LABEL))
             .is_some_and(|v| v == "true");
         self.targets.insert(
             ns_name(&target.metadata),
@@ -233,38 +237,18 @@ impl Index {
     /// Pods are added after namespaces: whether a pod is meshed depends on its namespace.
     pub fn add_pod(&mut self, pod: &Pod) {
         let (namespace, name) = ns_name(&pod.metadata);
-        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        let host_network = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.host_network)
-            .unwrap_or(false);
-        let depends_on = annotations
-            .get(DEPENDS_ON_ANNOTATION)
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| match s.split_once('/') {
-                        Some((ns, svc)) => key(ns, svc),
-                        None => key(&namespace, s),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let depends_on = (pod.metadata.annotations.as_ref())
+            .and_then(|a| a.get(DEPENDS_ON_ANNOTATION))
+            .map(|v| service::depends_on(&namespace, v))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| key(&s.namespace, &s.name))
+            .collect();
         let data = PodData {
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            service_account: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.service_account_name.clone())
-                .unwrap_or_else(|| "default".into()),
+            service_account: pods::service_account(pod),
             labels: pod.metadata.labels.clone().unwrap_or_default(),
-            meshed: pod_is_meshed(
-                self.managed_namespaces.contains(&namespace),
-                &annotations,
-                host_network,
-            ),
+            meshed: pods::meshing(self.managed_namespaces.contains(&namespace), pod).is_meshed(),
             depends_on,
             terminating: pod.metadata.deletion_timestamp.is_some(),
             ips: pod
@@ -340,9 +324,7 @@ impl Index {
     pub fn identities(&self, trust_domain: &str, service: &Key) -> Vec<String> {
         let ids: BTreeSet<String> = self
             .selected_pods(service)
-            .map(|((namespace, _), pod)| {
-                aether_crds::well_known::spiffe_id(trust_domain, namespace, &pod.service_account)
-            })
+            .map(|(_, pod)| pod.service_account.spiffe_id(trust_domain))
             .collect();
         ids.into_iter().collect()
     }

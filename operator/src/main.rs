@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use aether_operator::ca::{self, CaConfig, ServiceAccountRef};
+use aether_core::identity::ServiceAccount;
+use aether_operator::ca::{self, CaConfig};
 use aether_operator::controller::{self, Config};
 use aether_operator::leader;
 use aether_operator::metrics::Metrics;
@@ -61,7 +62,7 @@ async fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("aether-operator-{}", std::process::id()));
 
-    let proxy: ServiceAccountRef = args
+    let proxy: ServiceAccount = args
         .proxy_service_account
         .parse()
         .with_context(|| format!("--proxy-service-account {:?}", args.proxy_service_account))?;

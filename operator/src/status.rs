@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use aether_core::names::CONTROLLER_NAME;
 use aether_crds::conditions::{self, reason};
 use aether_crds::route_target::{AttachedRoute, ResolvedBackend, RouteTargetStatus, TargetPort};
-use aether_crds::well_known::CONTROLLER_NAME;
 use aether_routing::table::{BackendTarget, RouteKind};
 use aether_routing::{ServiceKind, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};

@@ -9,8 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aether_core::identity::ServiceAccount as Identity;
 use aether_e2e::Cluster;
-use aether_operator::ca::{self, CaConfig, RunningCa, ServiceAccountRef};
+use aether_operator::ca::{self, CaConfig, RunningCa};
 use anyhow::{Context, Result, bail, ensure};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -115,7 +116,7 @@ impl Drop for Cleanup {
 }
 
 /// A CA configuration with names of its own, listening on a random local port.
-fn test_config(id: &str, proxy: ServiceAccountRef) -> CaConfig {
+fn test_config(id: &str, proxy: Identity) -> CaConfig {
     CaConfig {
         namespace: INSTALL.into(),
         secret_name: format!("aether-ca-{id}"),
@@ -447,7 +448,7 @@ async fn svids_only_for_the_proxy_and_workloads_on_its_node() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("svid");
     let ns = format!("aether-ca-{id}");
-    let config = test_config(&id, ServiceAccountRef::new(&ns, "aether-proxy"));
+    let config = test_config(&id, Identity::new(&ns, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, Some(&ns));
     let client = cluster.client.clone();
 
@@ -643,7 +644,7 @@ async fn the_pod_feed_gives_a_proxy_its_own_nodes_pods_only() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("feed");
     let ns = format!("aether-ca-{id}");
-    let config = test_config(&id, ServiceAccountRef::new(&ns, "aether-proxy"));
+    let config = test_config(&id, Identity::new(&ns, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, Some(&ns));
     let client = cluster.client.clone();
     cluster.kubectl(&["create", "namespace", &ns])?;
@@ -754,7 +755,7 @@ async fn the_pod_feed_gives_a_proxy_its_own_nodes_pods_only() -> Result<()> {
 async fn racing_starts_agree_and_a_restart_reuses_the_root() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("restart");
-    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let config = test_config(&id, Identity::new(INSTALL, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, None);
 
     // Two replicas starting at once with no Secret: one root wins, both use it.
@@ -815,7 +816,7 @@ async fn racing_starts_agree_and_a_restart_reuses_the_root() -> Result<()> {
 async fn a_flood_of_bogus_tokens_is_limited_per_source() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("flood");
-    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let config = test_config(&id, Identity::new(INSTALL, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, None);
     let running = start_ca(&cluster, config.clone()).await?;
     let (addr, bundle) = (running.local_addr(), running.trust_bundle_pem());
@@ -883,7 +884,7 @@ async fn a_flood_of_bogus_tokens_is_limited_per_source() -> Result<()> {
 async fn only_the_leader_publishes_the_bundle() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("leader");
-    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let config = test_config(&id, Identity::new(INSTALL, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, None);
 
     let (leading, follower) = watch::channel(false);
@@ -921,7 +922,7 @@ fn secret_data(entries: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
 async fn a_user_supplied_root_is_used_as_is_and_rotation_is_followed() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("user");
-    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let config = test_config(&id, Identity::new(INSTALL, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, None);
 
     let (current_cert, current_key) = user_root("user root")?;
@@ -1023,7 +1024,7 @@ async fn a_user_supplied_root_is_used_as_is_and_rotation_is_followed() -> Result
 async fn an_unusable_root_secret_stops_the_start() -> Result<()> {
     let cluster = cluster().await?;
     let id = unique("broken");
-    let config = test_config(&id, ServiceAccountRef::new(INSTALL, "aether-proxy"));
+    let config = test_config(&id, Identity::new(INSTALL, "aether-proxy"));
     let _cleanup = cleanup_for(&cluster, &config, None);
     let (_, key) = user_root("orphan key")?;
     let (other_cert, _) = user_root("someone else")?;

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aether_cni::protocol::PodRef;
+use aether_core::names::AGENT_NOT_READY_TAINT;
 use aether_crds::NodeConfig;
 use aether_crds::node_config::NodeConfigStatus;
-use aether_crds::well_known::AGENT_NOT_READY_TAINT;
+use aether_crds::pods;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -90,6 +91,7 @@ impl ClusterView {
         install: Install,
         state_dir: &Path,
         pods: Arc<NodePods>,
+        tasks: &mut watch_cache::Tasks,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let saved = |name| SavedCache::new(state_dir, name);
@@ -102,6 +104,7 @@ impl ClusterView {
                 all(),
                 changed.clone(),
                 saved("namespaces"),
+                tasks,
             ),
             pods,
             services: watch_cache::watch(
@@ -109,24 +112,28 @@ impl ClusterView {
                 all(),
                 changed.clone(),
                 saved("services"),
+                tasks,
             ),
             slices: watch_cache::watch(
                 Api::all(client.clone()),
                 all(),
                 changed.clone(),
                 saved("endpointslices"),
+                tasks,
             ),
             node_configs: watch_cache::watch(
                 Api::all(client.clone()),
                 by_name(node),
                 changed.clone(),
                 saved("nodeconfig"),
+                tasks,
             ),
             bundles: watch_cache::watch(
                 Api::namespaced(client.clone(), &install.namespace),
                 by_name(&install.bundle),
                 changed.clone(),
                 saved("trust-bundle"),
+                tasks,
             ),
             // Watches keep delivering after an uninstall deleted the proxy's RBAC and
             // ServiceAccount, so the marker and the DaemonSet's deletion are seen even when a
@@ -136,12 +143,14 @@ impl ClusterView {
                 by_name(&install.uninstall_marker),
                 changed.clone(),
                 saved("uninstall-marker"),
+                tasks,
             ),
             daemonsets: watch_cache::watch(
                 Api::namespaced(client.clone(), &install.namespace),
                 by_name(&install.daemonset),
                 changed.clone(),
                 saved("daemonset"),
+                tasks,
             ),
             install,
             node: node.to_owned(),
@@ -228,7 +237,7 @@ impl ClusterView {
             .store()
             .state()
             .into_iter()
-            .filter(|pod| !is_host_network(pod) && !is_finished(pod))
+            .filter(|pod| !is_host_network(pod) && !pods::is_finished(pod))
             .filter(|pod| {
                 let pod_ref = PodRef {
                     namespace: pod.namespace().unwrap_or_default(),
@@ -243,7 +252,7 @@ impl ClusterView {
         let serving = serving.iter().filter_map(|pod| self.pod(pod));
         meshed
             .chain(serving)
-            .map(|pod| service_account_of(&pod))
+            .map(|pod| pods::service_account(&pod))
             .collect()
     }
 
@@ -281,22 +290,6 @@ fn is_host_network(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false)
-}
-
-fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn service_account_of(pod: &Pod) -> ServiceAccount {
-    let name = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .unwrap_or_else(|| "default".into());
-    ServiceAccount::new(pod.namespace().unwrap_or_default(), name)
 }
 
 impl PodView for ClusterView {
@@ -344,7 +337,7 @@ impl PodView for ClusterView {
 
 impl Workloads for ClusterView {
     fn service_account(&self, pod: &PodRef) -> Option<ServiceAccount> {
-        self.pod(pod).map(|p| service_account_of(&p))
+        self.pod(pod).map(|p| pods::service_account(&p))
     }
 
     fn probes(&self, pod: &PodRef) -> Probes {
@@ -390,7 +383,7 @@ impl ClusterView {
                     };
                     let ips = ips_of(pod);
                     let running = !is_host_network(pod)
-                        && !is_finished(pod)
+                        && !pods::is_finished(pod)
                         && pod.metadata.deletion_timestamp.is_none()
                         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                         && !ips.is_empty();

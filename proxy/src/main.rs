@@ -475,6 +475,7 @@ async fn run(
                 },
                 &args.state_dir,
                 pods.clone(),
+                &mut lifelong,
             );
             let resolver_view = view.clone();
             let resolve: Resolver = Arc::new(move |host: &str| {

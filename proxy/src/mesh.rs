@@ -15,33 +15,7 @@ use tracing::warn;
 
 use crate::capture_set::CaptureSet;
 
-/// A Service, `namespace/name`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ServiceKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        ServiceKey {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    /// Parses `namespace/name`.
-    pub fn parse(s: &str) -> Option<Self> {
-        let (ns, name) = s.split_once('/')?;
-        (!ns.is_empty() && !name.is_empty()).then(|| ServiceKey::new(ns, name))
-    }
-}
-
-impl std::fmt::Display for ServiceKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+pub use aether_core::service::ServiceKey;
 
 /// A route target's compiled table, with the JSON it came from (to reuse it when unchanged).
 #[derive(Debug)]

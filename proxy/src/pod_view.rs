@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use aether_cni::decision::{self, Meshing};
 use aether_cni::protocol::PodRef;
-use aether_crds::well_known::{MTLS_LABEL, MTLS_STRICT};
+use aether_core::meshing::namespace_is_strict;
 
 use crate::probes::Probes;
 
@@ -51,13 +51,12 @@ pub fn meshing(view: &dyn PodView, pod: &PodRef) -> Result<Meshing, ViewError> {
 
 /// Whether the pod's namespace asks for strict mTLS (`aether.io/mtls=strict`).
 pub fn strict(view: &dyn PodView, pod: &PodRef) -> Result<bool, ViewError> {
-    let labels = view.namespace_labels(&pod.namespace)?;
-    Ok(labels.get(MTLS_LABEL).is_some_and(|v| v == MTLS_STRICT))
+    Ok(namespace_is_strict(&view.namespace_labels(&pod.namespace)?))
 }
 
 #[cfg(test)]
 mod tests {
-    use aether_cni::decision::{CAPTURE_ANNOTATION, CAPTURE_DISABLED, MANAGED_LABEL};
+    use aether_core::names::{CAPTURE_ANNOTATION, CAPTURE_DISABLED, MANAGED_LABEL};
 
     use super::*;
 

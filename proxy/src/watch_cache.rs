@@ -19,6 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -91,13 +92,17 @@ where
     writer.apply_watcher_event(&watcher::Event::InitDone);
 }
 
-/// A cache of `api`'s objects, kept by a watch for the process's life and saved in `saved`;
-/// `changed` is notified at every event.
+/// The tasks that keep the proxy's caches, supervised with its other lifelong tasks.
+pub type Tasks = Vec<(&'static str, JoinHandle<()>)>;
+
+/// A cache of `api`'s objects, kept by a watch for the process's life (a task pushed on
+/// `tasks`) and saved in `saved`; `changed` is notified at every event.
 pub fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     changed: Arc<Notify>,
     saved: SavedCache,
+    tasks: &mut Tasks,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
@@ -119,7 +124,8 @@ where
         seed_after: SEED_AFTER,
         save_every: SAVE_EVERY,
     };
-    tokio::spawn(keep(events, writer, store.clone(), changed, saved, timing));
+    let task = tokio::spawn(keep(events, writer, store.clone(), changed, saved, timing));
+    tasks.push(("a watch cache", task));
     store
 }
 

@@ -1,4 +1,4 @@
-//! Whether a pod is meshed, decided from the namespace label and the pod's opt-out annotation.
+//! Whether a pod is meshed: `aether_core::meshing`'s rule over what the plugin is given.
 //!
 //! The node proxy decides with these same rules from its watch caches; the CNI plugin applies
 //! them itself, from the API server, only when the proxy cannot answer. That is what lets
@@ -10,43 +10,31 @@ pub use apiserver::{LookupError, lookup};
 
 use std::collections::BTreeMap;
 
+pub use aether_core::meshing::Meshing;
+use aether_core::meshing::{PodFacts, meshing, namespace_is_managed};
+
 use crate::protocol::PodRef;
 
-/// Namespace label that opts every pod of the namespace in.
-pub const MANAGED_LABEL: &str = "aether.io/managed";
-/// Pod annotation that opts one pod out, with the value [`CAPTURE_DISABLED`].
-pub const CAPTURE_ANNOTATION: &str = "aether.io/capture";
-pub const CAPTURE_DISABLED: &str = "disabled";
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Meshing {
-    Meshed,
-    Unmeshed { reason: String },
-}
-
+/// aether's meshing rule for a pod the runtime sets up. The runtime calls a CNI plugin only for
+/// pods with a network namespace of their own, so none is on the host network.
 pub fn decide(
     pod: &PodRef,
     namespace_labels: &BTreeMap<String, String>,
     pod_annotations: &BTreeMap<String, String>,
 ) -> Meshing {
-    if namespace_labels.get(MANAGED_LABEL).map(String::as_str) != Some("true") {
-        return Meshing::Unmeshed {
-            reason: format!(
-                "namespace {} is not labelled {MANAGED_LABEL}=true",
-                pod.namespace
-            ),
-        };
-    }
-    if pod_annotations.get(CAPTURE_ANNOTATION).map(String::as_str) == Some(CAPTURE_DISABLED) {
-        return Meshing::Unmeshed {
-            reason: format!("pod {pod} is annotated {CAPTURE_ANNOTATION}={CAPTURE_DISABLED}"),
-        };
-    }
-    Meshing::Meshed
+    let facts = PodFacts {
+        namespace: &pod.namespace,
+        name: &pod.name,
+        annotations: pod_annotations,
+        host_network: false,
+    };
+    meshing(namespace_is_managed(namespace_labels), &facts)
 }
 
 #[cfg(test)]
 mod tests {
+    use aether_core::names::{CAPTURE_ANNOTATION, MANAGED_LABEL};
+
     use super::*;
 
     fn pod() -> PodRef {

@@ -1,66 +1,35 @@
-//! The HTTP API: request and response bodies, and how each failure is answered.
+//! The HTTP API: how each request body is read and each failure answered. The bodies and
+//! paths are `aether_core::ca_api`, shared with the proxy.
 //!
-//! `POST /v1/svid` with `Authorization: Bearer <token>` and
-//! `{"namespace": "...", "serviceAccount": "...", "csr": "<PEM PKCS#10>"}` answers
-//! `{"spiffeId", "certChain" (PEM, leaf first), "trustBundle" (PEM), "expiresAt" (RFC 3339)}`.
-//! `GET /v1/trust-bundle` answers `{"trustDomain", "trustBundle"}`.
 //! `GET /api/v1/pods?fieldSelector=spec.nodeName=<caller's node>` (list or watch, with the
-//! same bearer token) answers what the API server answers (see `pod_feed`).
+//! same bearer token as `POST /v1/svid`) answers what the API server answers (see `pod_feed`).
 //! Errors answer `{"error": "<message>", "code": "<StableName>"}`.
 
+use aether_core::ca_api::{ErrorBody, SvidRequest};
+use aether_core::identity::{IdentityError, ServiceAccount, SpiffeId};
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::authz::Denial;
-use super::config::ServiceAccountRef;
 use super::csr::{CsrError, ValidCsr, parse_csr};
-use super::identity::{IdentityError, SpiffeId};
-
-pub const SVID_PATH: &str = "/v1/svid";
-pub const TRUST_BUNDLE_PATH: &str = "/v1/trust-bundle";
 
 /// Largest accepted request body: a CSR with an RSA-4096 key is about 2 KiB.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SvidRequestBody {
-    namespace: String,
-    service_account: String,
-    csr: String,
-}
-
 /// A well-formed SVID request, not yet authorized.
 #[derive(Debug)]
-pub struct SvidRequest {
-    pub service_account: ServiceAccountRef,
+pub struct CheckedSvidRequest {
     pub id: SpiffeId,
     pub csr: ValidCsr,
 }
 
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SvidResponse {
-    pub spiffe_id: String,
-    pub cert_chain: String,
-    pub trust_bundle: String,
-    pub expires_at: String,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TrustBundleResponse {
-    pub trust_domain: String,
-    pub trust_bundle: String,
-}
-
-#[derive(Debug, Serialize)]
-struct ErrorBody<'a> {
-    error: String,
-    code: &'a str,
+impl CheckedSvidRequest {
+    pub fn service_account(&self) -> &ServiceAccount {
+        self.id.service_account()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +108,7 @@ impl ApiError {
             self.status(),
             &ErrorBody {
                 error: self.to_string(),
-                code: self.code(),
+                code: self.code().to_owned(),
             },
         );
         let headers = response.headers_mut();
@@ -176,16 +145,13 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
 }
 
 /// Parses and checks everything in the body that can be checked without the cluster.
-pub fn parse_svid_request(body: &[u8], trust_domain: &str) -> Result<SvidRequest, ApiError> {
-    let body: SvidRequestBody =
+pub fn parse_svid_request(body: &[u8], trust_domain: &str) -> Result<CheckedSvidRequest, ApiError> {
+    let body: SvidRequest =
         serde_json::from_slice(body).map_err(|e| ApiError::Json(e.to_string()))?;
-    let id = SpiffeId::new(trust_domain, &body.namespace, &body.service_account)?;
+    let service_account = ServiceAccount::new(body.namespace, body.service_account);
+    let id = SpiffeId::new(trust_domain, &service_account)?;
     let csr = parse_csr(&body.csr)?;
-    Ok(SvidRequest {
-        service_account: ServiceAccountRef::new(body.namespace, body.service_account),
-        id,
-        csr,
-    })
+    Ok(CheckedSvidRequest { id, csr })
 }
 
 /// A JSON response. Serializing our own plain structs cannot fail; if it ever did, the

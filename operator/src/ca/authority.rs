@@ -12,10 +12,10 @@ use rustls::sign::CertifiedKey;
 use super::bundle::TrustBundle;
 use super::cert::{CaCert, CertError, parse_ca_certs};
 use super::config::CaConfig;
-use super::identity::SpiffeId;
 use super::issue::{self, RandomError};
 use super::root::{RootError, SigningRoot};
 use super::secret::{NEXT_KEY, PREVIOUS_KEY, RootMaterial};
+use aether_core::identity::SpiffeId;
 
 pub struct Authority {
     material: RootMaterial,
@@ -214,7 +214,11 @@ mod tests {
         asked.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let csr = parse_csr(&asked.serialize_request(&key).unwrap().pem().unwrap()).unwrap();
 
-        let id = SpiffeId::new("cluster.local", "shop", "web").unwrap();
+        let id = SpiffeId::new(
+            "cluster.local",
+            &aether_core::identity::ServiceAccount::new("shop", "web"),
+        )
+        .unwrap();
         let svid = ca.issue_svid(&csr, &id, DAY, now).unwrap();
         let der = der_of(&svid.cert_pem);
 
@@ -285,7 +289,11 @@ mod tests {
                 .unwrap(),
         )
         .unwrap();
-        let id = SpiffeId::new("cluster.local", "a", "b").unwrap();
+        let id = SpiffeId::new(
+            "cluster.local",
+            &aether_core::identity::ServiceAccount::new("a", "b"),
+        )
+        .unwrap();
         let svid = ca.issue_svid(&csr, &id, 30 * DAY, now).unwrap();
         assert!(svid.not_after <= ca.signing_root().not_after());
         assert!(!ca.serving_needs_renewal(now));

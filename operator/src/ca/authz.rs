@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use aether_crds::well_known::{namespace_is_managed, pod_is_meshed};
+use aether_core::meshing::namespace_is_managed;
+use aether_crds::pods;
 use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::config::ServiceAccountRef;
+use aether_core::identity::ServiceAccount;
 
 /// The TokenReview `extra` key carrying the node of the pod a token is bound to.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
@@ -14,7 +15,7 @@ pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// An authenticated node proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    pub service_account: ServiceAccountRef,
+    pub service_account: ServiceAccount,
     pub node: String,
 }
 
@@ -30,8 +31,8 @@ pub enum Denial {
     NotServiceAccount(String),
     #[error("ServiceAccount {caller} may not request SVIDs (only {allowed} may)")]
     NotProxy {
-        caller: ServiceAccountRef,
-        allowed: ServiceAccountRef,
+        caller: ServiceAccount,
+        allowed: ServiceAccount,
     },
     #[error("token is not bound to a pod on a node; use a projected ServiceAccount token")]
     NoNode,
@@ -39,7 +40,7 @@ pub enum Denial {
     NotManaged(String),
     #[error("no running meshed pod of ServiceAccount {requested} on node {node}")]
     NoPodOnNode {
-        requested: ServiceAccountRef,
+        requested: ServiceAccount,
         node: String,
     },
 }
@@ -63,7 +64,7 @@ impl Denial {
 pub fn identify_caller(
     status: &TokenReviewStatus,
     audience: &str,
-    proxy: &ServiceAccountRef,
+    proxy: &ServiceAccount,
 ) -> Result<Caller, Denial> {
     if status.authenticated != Some(true) {
         return Err(Denial::NotAuthenticated(
@@ -85,7 +86,7 @@ pub fn identify_caller(
     }
     let user = status.user.as_ref();
     let username = user.and_then(|u| u.username.as_deref()).unwrap_or_default();
-    let service_account = ServiceAccountRef::from_username(username)
+    let service_account = ServiceAccount::from_username(username)
         .ok_or_else(|| Denial::NotServiceAccount(username.to_owned()))?;
     if &service_account != proxy {
         return Err(Denial::NotProxy {
@@ -112,25 +113,15 @@ pub fn identify_caller(
 /// Whether `node` runs a meshed pod of `requested` that still needs an identity: not being
 /// deleted and not finished. A pod the mesh does not capture (opted out, or on the host
 /// network) never uses an SVID, so it earns none.
-pub fn has_meshed_pod_on_node(pods: &[Pod], requested: &ServiceAccountRef, node: &str) -> bool {
+pub fn has_meshed_pod_on_node(pods: &[Pod], requested: &ServiceAccount, node: &str) -> bool {
     pods.iter().any(|pod| {
         let spec = pod.spec.as_ref();
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         pod.metadata.namespace.as_deref() == Some(requested.namespace.as_str())
             && pod.metadata.deletion_timestamp.is_none()
-            && !matches!(phase, Some("Succeeded" | "Failed"))
+            && !pods::is_finished(pod)
             && spec.and_then(|s| s.node_name.as_deref()) == Some(node)
-            && pod_is_meshed(
-                true,
-                &pod.metadata.annotations.clone().unwrap_or_default(),
-                spec.and_then(|s| s.host_network).unwrap_or(false),
-            )
-            // The API server defaults an empty serviceAccountName to "default".
-            && spec
-                .and_then(|s| s.service_account_name.as_deref())
-                .filter(|sa| !sa.is_empty())
-                .unwrap_or("default")
-                == requested.name
+            && pods::meshing(true, pod).is_meshed()
+            && pods::service_account(pod) == *requested
     })
 }
 
@@ -139,7 +130,7 @@ pub fn authorize_workload(
     caller: &Caller,
     namespace_labels: &BTreeMap<String, String>,
     pods_on_node: &[Pod],
-    requested: &ServiceAccountRef,
+    requested: &ServiceAccount,
 ) -> Result<(), Denial> {
     if !namespace_is_managed(namespace_labels) {
         return Err(Denial::NotManaged(requested.namespace.clone()));
@@ -163,8 +154,8 @@ mod tests {
     use kube::api::ObjectMeta;
     use std::collections::BTreeMap;
 
-    fn proxy() -> ServiceAccountRef {
-        ServiceAccountRef::new("aether-system", "aether-proxy")
+    fn proxy() -> ServiceAccount {
+        ServiceAccount::new("aether-system", "aether-proxy")
     }
 
     fn review(username: &str, node: Option<&str>) -> TokenReviewStatus {
@@ -257,10 +248,10 @@ mod tests {
         };
         let managed = BTreeMap::from([("aether.io/managed".to_string(), "true".to_string())]);
         let allow =
-            |pods: &[Pod], sa: &ServiceAccountRef| authorize_workload(&caller, &managed, pods, sa);
-        let web = ServiceAccountRef::new("shop", "web");
+            |pods: &[Pod], sa: &ServiceAccount| authorize_workload(&caller, &managed, pods, sa);
+        let web = ServiceAccount::new("shop", "web");
         assert!(allow(&[pod("shop", Some("web"), "node-1")], &web).is_ok());
-        let default = ServiceAccountRef::new("shop", "default");
+        let default = ServiceAccount::new("shop", "default");
         assert!(allow(&[pod("shop", None, "node-1")], &default).is_ok());
 
         let mut opted_out = pod("shop", Some("web"), "node-1");
@@ -303,7 +294,7 @@ mod tests {
             service_account: proxy(),
             node: "node-1".into(),
         };
-        let web = ServiceAccountRef::new("shop", "web");
+        let web = ServiceAccount::new("shop", "web");
         let pods = [pod("shop", Some("web"), "node-1")];
         for labels in [
             BTreeMap::new(),

@@ -1,58 +1,10 @@
 //! Settings of the certificate authority, with the defaults of a standard install.
 
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::time::Duration;
 
-use super::identity::{is_dns1123_label, is_dns1123_subdomain, is_trust_domain};
-
-/// A ServiceAccount, `<namespace>/<name>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ServiceAccountRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ServiceAccountRef {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        ServiceAccountRef {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    /// The ServiceAccount a Kubernetes user name stands for, if it is one.
-    pub fn from_username(username: &str) -> Option<Self> {
-        let rest = username.strip_prefix("system:serviceaccount:")?;
-        let (namespace, name) = rest.split_once(':')?;
-        (is_dns1123_label(namespace) && is_dns1123_subdomain(name))
-            .then(|| ServiceAccountRef::new(namespace, name))
-    }
-}
-
-impl fmt::Display for ServiceAccountRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not a ServiceAccount reference of the form <namespace>/<name>")]
-pub struct ParseServiceAccountRefError(String);
-
-impl FromStr for ServiceAccountRef {
-    type Err = ParseServiceAccountRefError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.split_once('/') {
-            Some((ns, name)) if is_dns1123_label(ns) && is_dns1123_subdomain(name) => {
-                Ok(ServiceAccountRef::new(ns, name))
-            }
-            _ => Err(ParseServiceAccountRefError(s.to_owned())),
-        }
-    }
-}
+use aether_core::identity::ServiceAccount;
+use aether_core::k8s_names::{is_dns1123_label, is_dns1123_subdomain, is_trust_domain};
 
 /// Everything the certificate authority can be told. `Default` is a standard install.
 #[derive(Debug, Clone)]
@@ -73,7 +25,7 @@ pub struct CaConfig {
     /// Lifetime of the endpoint's own serving certificate; renewed at two thirds of it.
     pub serving_cert_ttl: Duration,
     /// The only ServiceAccount allowed to request SVIDs: the node proxy's.
-    pub proxy_service_account: ServiceAccountRef,
+    pub proxy_service_account: ServiceAccount,
     /// The audience the caller's token must be issued for.
     pub token_audience: String,
     /// Where the HTTPS endpoint listens.
@@ -101,7 +53,7 @@ impl Default for CaConfig {
             svid_ttl: 24 * HOUR,
             root_ttl: 10 * 365 * DAY,
             serving_cert_ttl: 30 * DAY,
-            proxy_service_account: ServiceAccountRef::new("aether-system", "aether-proxy"),
+            proxy_service_account: ServiceAccount::new("aether-system", "aether-proxy"),
             token_audience: "aether".into(),
             bind: SocketAddr::from(([0, 0, 0, 0], 8443)),
             service_name: "aether-operator".into(),
@@ -230,19 +182,19 @@ mod tests {
 
     #[test]
     fn service_account_refs() {
-        let sa: ServiceAccountRef = "aether-system/aether-proxy".parse().unwrap();
-        assert_eq!(sa, ServiceAccountRef::new("aether-system", "aether-proxy"));
+        let sa: ServiceAccount = "aether-system/aether-proxy".parse().unwrap();
+        assert_eq!(sa, ServiceAccount::new("aether-system", "aether-proxy"));
         assert_eq!(
-            ServiceAccountRef::from_username("system:serviceaccount:aether-system:aether-proxy"),
+            ServiceAccount::from_username("system:serviceaccount:aether-system:aether-proxy"),
             Some(sa)
         );
-        assert_eq!(ServiceAccountRef::from_username("system:node:node-1"), None);
+        assert_eq!(ServiceAccount::from_username("system:node:node-1"), None);
         assert_eq!(
-            ServiceAccountRef::from_username("system:serviceaccount:a"),
+            ServiceAccount::from_username("system:serviceaccount:a"),
             None
         );
-        assert!("no-slash".parse::<ServiceAccountRef>().is_err());
-        assert!("ns/".parse::<ServiceAccountRef>().is_err());
+        assert!("no-slash".parse::<ServiceAccount>().is_err());
+        assert!("ns/".parse::<ServiceAccount>().is_err());
     }
 
     #[test]

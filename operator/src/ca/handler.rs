@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use aether_core::ca_api::{SVID_PATH, SvidResponse, TRUST_BUNDLE_PATH, TrustBundleResponse};
 use http::header::{ACCEPT, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -14,9 +15,7 @@ use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-use super::api::{
-    self, ApiError, MAX_BODY_BYTES, SVID_PATH, SvidResponse, TRUST_BUNDLE_PATH, TrustBundleResponse,
-};
+use super::api::{self, ApiError, MAX_BODY_BYTES};
 use super::authority::Authority;
 use super::authz::{self, NODE_NAME_EXTRA};
 use super::config::CaConfig;
@@ -221,7 +220,7 @@ impl Handler {
             &self.config.proxy_service_account,
         )?;
 
-        let namespace = &svid_request.service_account.namespace;
+        let namespace = &svid_request.service_account().namespace;
         let labels = review::namespace_labels(&self.client, namespace)
             .await
             .map_err(|e| {
@@ -230,7 +229,7 @@ impl Handler {
             })?;
         let pods = review::pods_on_node(
             &self.client,
-            &svid_request.service_account.namespace,
+            &svid_request.service_account().namespace,
             &caller.node,
         )
         .await
@@ -238,7 +237,7 @@ impl Handler {
             error!(error = %e, node = caller.node, "listing the node's pods failed");
             ApiError::Unavailable
         })?;
-        authz::authorize_workload(&caller, &labels, &pods, &svid_request.service_account)?;
+        authz::authorize_workload(&caller, &labels, &pods, svid_request.service_account())?;
 
         let authority = self.authority.borrow().clone();
         let svid = authority

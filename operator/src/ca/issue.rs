@@ -8,7 +8,7 @@ use rcgen::{
     KeyUsagePurpose, SanType, SerialNumber,
 };
 
-use super::identity::SpiffeId;
+use aether_core::identity::SpiffeId;
 
 /// Issued certificates start this far in the past, so a peer whose clock is a little behind
 /// ours does not reject a certificate as not yet valid.
@@ -154,7 +154,11 @@ mod tests {
 
     #[test]
     fn svid_has_one_spiffe_san_and_both_ekus() {
-        let id = SpiffeId::new("cluster.local", "ns1", "web").unwrap();
+        let id = SpiffeId::new(
+            "cluster.local",
+            &aether_core::identity::ServiceAccount::new("ns1", "web"),
+        )
+        .unwrap();
         let v = validity(
             now(),
             Duration::from_secs(86400),

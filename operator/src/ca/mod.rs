@@ -61,7 +61,6 @@ pub mod config;
 pub mod csr;
 pub mod error;
 pub mod handler;
-pub mod identity;
 pub mod issue;
 pub mod limit;
 pub mod pem;
@@ -82,7 +81,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-pub use config::{CaConfig, ServiceAccountRef};
+pub use config::CaConfig;
 pub use error::CaError;
 
 use authority::Authority;

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use aether_core::ca_api::{ErrorBody, SVID_PATH, SvidRequest, SvidResponse};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rcgen::{CertificateParams, KeyPair, SanType};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -39,6 +39,8 @@ pub enum SvidError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot encode the request: {0}")]
+    Request(String),
     #[error("cannot build a CSR: {0}")]
     Csr(#[from] rcgen::Error),
     #[error("certificate authority {address} cannot be resolved: {reason}")]
@@ -107,19 +109,6 @@ impl Issued {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SvidAnswer {
-    cert_chain: String,
-    // Its `trustBundle` is not taken: the published ConfigMap is the one source of the bundle,
-    // so an answer from a replica with stale roots cannot undo a rotation.
-}
-
-#[derive(Deserialize)]
-struct ErrorAnswer {
-    error: String,
-}
-
 impl CaClient {
     /// Requests an SVID for `sa` with a new key.
     pub async fn issue(&self, sa: &ServiceAccount) -> Result<Issued, SvidError> {
@@ -134,24 +123,25 @@ impl CaClient {
                 path: self.token_file.clone(),
                 source,
             })?;
-        let body = serde_json::json!({
-            "namespace": sa.namespace,
-            "serviceAccount": sa.name,
-            "csr": csr,
-        });
-        let (status, answer) = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            self.post("/v1/svid", token.trim(), body.to_string()),
-        )
-        .await
-        .map_err(|_| self.transport(format!("no answer within {REQUEST_TIMEOUT:?}")))??;
+        let body = SvidRequest {
+            namespace: sa.namespace.clone(),
+            service_account: sa.name.clone(),
+            csr,
+        };
+        let body = serde_json::to_string(&body).map_err(|e| SvidError::Request(e.to_string()))?;
+        let (status, answer) =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.post(SVID_PATH, token.trim(), body))
+                .await
+                .map_err(|_| self.transport(format!("no answer within {REQUEST_TIMEOUT:?}")))??;
         if !(200..300).contains(&status) {
-            let message = serde_json::from_slice::<ErrorAnswer>(&answer)
+            let message = serde_json::from_slice::<ErrorBody>(&answer)
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&answer).into_owned());
             return Err(SvidError::Refused { status, message });
         }
-        let answer: SvidAnswer =
+        // Its `trustBundle` is not taken: the published ConfigMap is the one source of the
+        // bundle, so an answer from a replica with stale roots cannot undo a rotation.
+        let answer: SvidResponse =
             serde_json::from_slice(&answer).map_err(|e| SvidError::Answer(e.to_string()))?;
         let mut pem = answer.cert_chain;
         if !pem.ends_with('\n') {

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aether_cni::decision::MANAGED_LABEL;
 use aether_cni::nft::Nft;
 use aether_cni::protocol::PodRef;
+use aether_core::names::MANAGED_LABEL;
 use aether_proxy::agent::{Agent, AgentConfig};
 use aether_proxy::capture_set::CaptureSet;
 use aether_proxy::cni_server;

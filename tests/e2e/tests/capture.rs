@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use aether_crds::well_known::{AGENT_NOT_READY_TAINT, MTLS_LABEL, MTLS_STRICT};
+use aether_core::names::{AGENT_NOT_READY_TAINT, MTLS_LABEL, MTLS_STRICT};
 use aether_e2e::mesh::{
     Accounts, CONSISTENCY_TIMEOUT, CONSUMER_NS, ECHO_IMAGE, MESH_NS, PROXY_PODS, TRUST_DOMAIN,
     client, client_pod, install, mesh_workloads, uninstall, unmesh_workloads, wait_accepted,
