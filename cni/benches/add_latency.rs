@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use aether_cni::nft::{self, Families, Nft, TableSpec};
 use common::proxy::{ProxyState, TestProxy};
-use common::{AETHER_CNI, Netns, Node, Pod, aether_entry, require_root, run_here};
+use common::{AETHER_CNI, Netns, Pod, aether_entry, node, require_root, run_here};
 
 const PODS: usize = 100;
 /// A mesh of 100 route targets with two ports each.
@@ -35,7 +35,7 @@ fn main() {
         generation: 1,
         ..ProxyState::default()
     });
-    let mut node = Node::new(false, aether_entry(proxy.socket()));
+    let mut node = node(false, aether_entry(proxy.socket()));
     node.ipv4_subnet = "10.244.0.0/16".into();
 
     let mut primary = Vec::new();

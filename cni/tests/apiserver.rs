@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{Node, Pod, TempDir, require_root, ruleset, unique};
+use common::{Pod, TempDir, node, require_root, ruleset, unique};
 use serde_json::json;
 
 /// The local cluster, started once for this test binary if it is not running.
@@ -96,7 +96,7 @@ fn with_the_proxy_down_the_api_server_decides() {
     create_pod(&plain, "plain", json!({}));
 
     let dir = TempDir::new();
-    let node = Node::new(
+    let node = node(
         false,
         json!({"type": "aether-cni", "proxySocket": dir.path().join("cni.sock"),
                "kubeconfig": kubeconfig()}),

@@ -9,7 +9,7 @@ use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::StrictPlan;
 use common::proxy::{ProxyState, TestProxy};
 use common::sockets::{accept_within, connect_from, listen_in, original_dst};
-use common::{Node, Pod, TempDir, aether_entry, require_root, ruleset};
+use common::{Pod, TempDir, aether_entry, node, require_root, ruleset};
 use serde_json::json;
 
 const CAPTURE_PORT: u16 = 15001;
@@ -43,7 +43,7 @@ fn hand_nft(pod: &Pod, args: &[&str]) {
 fn meshed_pod_route_target_connections_land_on_the_capture_listener() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     node.add_service_ips(&["10.96.0.10", "10.96.0.11"]);
     let pod = Pod::new("shop");
 
@@ -105,7 +105,7 @@ fn meshed_pod_route_target_connections_land_on_the_capture_listener() {
 fn unmeshed_pod_is_untouched() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     let pod = Pod::new("elsewhere");
 
     let (run, prev) = node.add(&pod);
@@ -124,7 +124,7 @@ fn add_with_the_proxy_down_fails_closed_and_leaves_no_table() {
     require_root();
     let dir = TempDir::new();
     let socket = dir.path().join("cni.sock");
-    let node = Node::new(false, aether_entry(&socket));
+    let node = node(false, aether_entry(&socket));
     let pod = Pod::new("shop");
 
     let (run, _) = node.add(&pod);
@@ -150,7 +150,7 @@ fn add_with_the_proxy_and_the_api_server_down_fails_closed() {
     )
     .unwrap();
     let socket = dir.path().join("cni.sock");
-    let node = Node::new(
+    let node = node(
         false,
         json!({"type": "aether-cni", "proxySocket": socket, "kubeconfig": kubeconfig}),
     );
@@ -171,7 +171,7 @@ fn a_refused_registration_fails_add_and_removes_the_table() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
     proxy.state().refuse_register = true;
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     let pod = Pod::new("shop");
 
     let (run, _) = node.add(&pod);
@@ -185,7 +185,7 @@ fn a_refused_registration_fails_add_and_removes_the_table() {
 fn del_is_idempotent_and_survives_a_missing_netns() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
 
     let pod = Pod::new("shop");
     let (run, prev) = node.add(&pod);
@@ -226,7 +226,7 @@ fn del_is_idempotent_and_survives_a_missing_netns() {
 fn del_succeeds_while_the_proxy_is_down() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, aether_entry(&dir.path().join("cni.sock")));
+    let node = node(false, aether_entry(&dir.path().join("cni.sock")));
     let pod = Pod::new("shop");
     let prev = node.add_primary(&pod);
     let run = node.aether_command("DEL", &pod, Some(&prev)).ok();
@@ -237,7 +237,7 @@ fn del_succeeds_while_the_proxy_is_down() {
 fn check_passes_on_an_intact_pod_and_reports_a_table_deleted_by_hand() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     let pod = Pod::new("shop");
     let (run, prev) = node.add(&pod);
     run.ok();
@@ -281,7 +281,7 @@ fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
         }),
         ..ProxyState::default()
     });
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     let pod = Pod::new("shop");
     let (run, prev) = node.add(&pod);
     run.ok();
@@ -314,7 +314,7 @@ fn a_strict_plan_installs_strict_mode_and_check_verifies_it() {
 fn set_updates_take_effect_for_new_connections() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     node.add_service_ips(&["10.96.0.10", "10.96.0.11"]);
     let pod = Pod::new("shop");
     let (run, _) = node.add(&pod);
@@ -361,7 +361,7 @@ fn set_updates_take_effect_for_new_connections() {
 fn ipv6_is_captured_in_a_dual_stack_pod() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80", "[fd00:96::10]:80"]);
-    let node = Node::new(true, aether_entry(proxy.socket()));
+    let node = node(true, aether_entry(proxy.socket()));
     node.add_service_ips(&["10.96.0.10", "fd00:96::10", "fd00:96::11"]);
     let pod = Pod::new("shop");
     let (run, prev) = node.add(&pod);
@@ -396,7 +396,7 @@ fn ipv6_is_captured_in_a_dual_stack_pod() {
 fn gc_and_status_talk_to_the_proxy() {
     require_root();
     let proxy = proxy(&["10.96.0.10:80"]);
-    let node = Node::new(false, aether_entry(proxy.socket()));
+    let node = node(false, aether_entry(proxy.socket()));
     let kept = Pod::new("shop");
     let dropped = Pod::new("shop");
     node.add(&kept).0.ok();

@@ -16,7 +16,7 @@ use aether_cni::protocol::{
 };
 use aether_proxy::agent::LEAVE_LINGER;
 use aether_proxy::listeners::ConnectionLimits;
-use common::chain::{Node, pod_ips};
+use common::chain::{node, pod_ips};
 use common::proxy::{CAPTURE_PORT, TestProxy, capture_set, refused_within};
 use common::sockets::{TIMEOUT, accept_within, connect_from, listen_in};
 use common::{Pod, TempDir, require_root};
@@ -107,7 +107,7 @@ fn ip_of(prev: &serde_json::Value, v6: bool) -> IpAddr {
 fn captured_connections_reach_their_original_destination_through_the_proxy() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(true, &TestProxy::socket_in(dir.path()));
+    let node = node(true, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80", "[fd00:96::10]:80"]),
@@ -176,7 +176,7 @@ fn captured_connections_reach_their_original_destination_through_the_proxy() {
 fn a_restarted_proxy_reopens_the_listeners_of_its_registered_pods() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),
@@ -237,7 +237,7 @@ fn a_restarted_proxy_reopens_the_listeners_of_its_registered_pods() {
 fn a_capture_set_update_changes_what_new_connections_hit() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),
@@ -286,7 +286,7 @@ fn exchange(app: &mut TcpStream, served: &mut TcpStream) {
 fn a_pod_leaving_the_mesh_keeps_its_open_connections_and_captures_no_new_ones() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),
@@ -354,7 +354,7 @@ fn connections_over_a_listeners_or_the_nodes_limit_are_reset_and_others_go_on() 
         per_listener: 3,
         per_node: 5,
     };
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start_with(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),
@@ -416,7 +416,7 @@ fn accept_within_quickly(server: &TcpListener) -> Option<TcpStream> {
 fn a_registration_behind_the_capture_set_is_brought_up_to_date() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(2, &["10.96.0.11:80"]),
@@ -460,7 +460,7 @@ fn a_registration_behind_the_capture_set_is_brought_up_to_date() {
 fn gc_forgets_pods_the_runtime_no_longer_has_and_closes_their_listeners() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),
@@ -496,7 +496,7 @@ fn gc_forgets_pods_the_runtime_no_longer_has_and_closes_their_listeners() {
 fn unmeshed_pods_are_left_alone() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),
@@ -559,7 +559,7 @@ fn a_registration_into_a_missing_netns_is_refused_clearly() {
 fn a_registration_of_addresses_its_netns_does_not_hold_is_refused() {
     require_root();
     let dir = TempDir::new();
-    let node = Node::new(false, &TestProxy::socket_in(dir.path()));
+    let node = node(false, &TestProxy::socket_in(dir.path()));
     let proxy = TestProxy::start(
         dir.path(),
         capture_set(1, &["10.96.0.10:80"]),

@@ -1,13 +1,16 @@
 //! What aether's tests share, at every tier: the Gateway API release they test against (its
-//! CRDs and conformance manifests, from the Go module proxy) and the mesh conformance cases
-//! as data (`tests/gateway-conformance/cases.yaml`).
+//! CRDs and conformance manifests, from the Go module proxy), the mesh conformance cases as
+//! data (`tests/gateway-conformance/cases.yaml`), and a node's network namespaces, pods and CNI
+//! chain for the CNI plugin's and the proxy's tests (`node`).
 
-#![forbid(unsafe_code)]
+// One block needs it: entering a pod's network namespace between fork and exec (`node::netns`).
+#![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 
 pub mod cases;
 pub mod fuzz;
+pub mod node;
 pub mod upstream;
 
 /// The checkout the tests run from. Cargo gives a test or bench process its package's

@@ -1,5 +1,5 @@
 //! A container runtime's side of the CNI tests: the root check, unique names, temporary
-//! directories, a plugin run's result, and a pod's identity. Included by the CNI plugin's
+//! directories, a plugin run's result, and a pod's identity. Used by the CNI plugin's
 //! and the node proxy's integration tests.
 
 use std::path::{Path, PathBuf};
@@ -45,6 +45,8 @@ pub fn unique(prefix: &str) -> String {
 pub struct TempDir(PathBuf);
 
 impl TempDir {
+    // It creates a directory: no plain default value.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
         let path = std::env::temp_dir().join(unique("aether-test-"));
         std::fs::create_dir_all(&path).unwrap();

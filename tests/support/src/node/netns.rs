@@ -97,6 +97,7 @@ pub fn run_in(netns: &Path, program: &Path, env: &[(&str, &str)], stdin: &[u8]) 
     let fd = ns.as_raw_fd();
     let mut command = plugin_command(program, env);
     // SAFETY: setns is a plain syscall, fine between fork and exec; `ns` outlives the spawn.
+    #[allow(unsafe_code)]
     unsafe {
         command.pre_exec(move || {
             setns(BorrowedFd::borrow_raw(fd), CloneFlags::CLONE_NEWNET)
