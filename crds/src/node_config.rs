@@ -2,6 +2,8 @@
 //! node's proxy. One object per node, named after it; nothing secret is in it, and
 //! endpoints stay in EndpointSlices.
 
+use aether_core::lenient::Lenient;
+use aether_core::route_table::RouteTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -83,9 +85,10 @@ pub struct NamespaceCapture {
 pub struct TargetTable {
     pub namespace: String,
     pub service: String,
-    /// The route table, as the route engine compiled it (`aether_routing::RouteTable`).
+    /// The route table, as the route engine compiled it. A table of another shape (a newer
+    /// operator's) fails this target alone.
     #[schemars(schema_with = "opaque_object")]
-    pub table: serde_json::Value,
+    pub table: Lenient<RouteTable>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use aether_crds::NodeConfig;
 use aether_e2e::Cluster;
+use aether_routing::table::BackendTarget;
 use anyhow::{Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use gateway_api::httproutes::HttpRoute;
@@ -258,11 +259,21 @@ fn weight_in(config: &NodeConfig, i: usize, r: usize) -> Option<u64> {
         .iter()
         .find(|t| t.namespace == ns(i) && t.service == format!("svc-{r}"))?;
     let backend = format!("svc-{}", ROUTES_PER_NS + r);
-    table.table["ports"][0]["producer"]["rules"][0]["backends"]
-        .as_array()?
+    let rules = &table
+        .table
+        .valid()
+        .ok()?
+        .ports
+        .first()?
+        .producer
+        .as_ref()?
+        .rules;
+    rules
+        .first()?
+        .backends
         .iter()
-        .find(|b| b["target"]["service"]["name"] == backend.as_str())
-        .and_then(|b| b["weight"].as_u64())
+        .find(|b| matches!(&b.target, BackendTarget::Service(s) if s.name == backend))
+        .map(|b| u64::from(b.weight))
 }
 
 /// The operator's process, killed however the bench ends.

@@ -200,15 +200,13 @@ pub struct Clients {
 }
 
 /// What every node's config is cut from, computed once per pass: identities and meshed
-/// endpoints, each target's serialised table, and each node's clients.
+/// endpoints, and each node's clients.
 pub struct Shared {
     pub capture: Capture,
     pub identities: BTreeMap<Key, Vec<String>>,
     pub meshed: BTreeMap<Key, Vec<String>>,
-    pub tables: BTreeMap<Key, serde_json::Value>,
-    /// Services captured with an identity route, and the empty table they get.
+    /// Services captured with an identity route (an empty table).
     pub identity_routed: BTreeSet<Key>,
-    identity_table: serde_json::Value,
     pub clients: BTreeMap<String, Clients>,
 }
 
@@ -247,16 +245,6 @@ impl Shared {
                 })
                 .collect(),
             identity_routed,
-            identity_table: serde_json::to_value(RouteTable::default()).unwrap_or_default(),
-            tables: targets
-                .iter()
-                .map(|(k, t)| {
-                    (
-                        k.clone(),
-                        serde_json::to_value(&t.compiled.table).unwrap_or_default(),
-                    )
-                })
-                .collect(),
             clients,
         }
     }
@@ -331,22 +319,21 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
                 .iter()
                 .any(|p| p.consumers.keys().any(|ns| !client_namespaces.contains(ns)));
             let table = if foreign {
-                serde_json::to_value(scoped(&t.compiled.table, &client_namespaces))
-                    .unwrap_or_default()
+                scoped(&t.compiled.table, &client_namespaces)
             } else {
-                shared.tables.get(&t.key).cloned().unwrap_or_default()
+                t.compiled.table.clone()
             };
             TargetTable {
                 namespace: t.key.0.clone(),
                 service: t.key.1.clone(),
-                table,
+                table: table.into(),
             }
         })
         .collect();
     tables.extend(identity_routed.iter().map(|k| TargetTable {
         namespace: k.0.clone(),
         service: k.1.clone(),
-        table: shared.identity_table.clone(),
+        table: RouteTable::default().into(),
     }));
     // Identities of every Service a request from this node may reach: the wanted targets
     // themselves (traffic with no route passes through to them), their backends, and the

@@ -340,9 +340,7 @@ fn node_config_has_the_whole_capture_set_and_only_the_tables_its_pods_need() {
     let consumers = |node: &str| -> usize {
         let config = node_config(node, &targets, &Shared::new(&index, &targets, TD));
         let table = config.tables.iter().find(|t| t.service == "v1").unwrap();
-        table.table["ports"][0]["consumers"]
-            .as_object()
-            .map_or(0, |m| m.len())
+        table.table.valid().unwrap().ports[0].consumers.len()
     };
     assert_eq!(consumers("node-3"), 1);
     assert_eq!(consumers("node-1"), 0);
@@ -530,7 +528,7 @@ fn a_service_with_meshed_endpoints_and_no_route_is_captured_with_an_identity_rou
     );
     let table = node1.tables.iter().find(|t| t.service == "lonely").unwrap();
     assert_eq!(
-        serde_json::from_value::<aether_routing::RouteTable>(table.table.clone()).unwrap(),
+        table.table.valid().unwrap().clone(),
         aether_routing::RouteTable::default(),
         "an identity route: no rules, every request to lonely's own endpoints"
     );

@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use aether_core::lenient::Lenient;
 use aether_crds::node_config::NodeConfigSpec;
 use aether_crds::slices;
 use aether_routing::{PortProtocol, RouteTable, Router};
@@ -21,7 +22,7 @@ pub use aether_core::service::ServiceKey;
 #[derive(Debug)]
 pub struct Target {
     pub router: Router,
-    source: serde_json::Value,
+    source: Lenient<RouteTable>,
 }
 
 /// Where one Service port's traffic can go.
@@ -145,9 +146,9 @@ impl Snapshot {
                 snapshot.targets.insert(key, old.clone());
                 continue;
             }
-            let router = serde_json::from_value::<RouteTable>(table.table.clone())
-                .map_err(|e| e.to_string())
-                .and_then(|t| Router::new(&t).map_err(|e| e.to_string()));
+            let router = (table.table.valid())
+                .map_err(str::to_owned)
+                .and_then(|t| Router::new(t).map_err(|e| e.to_string()));
             match router {
                 Ok(router) => {
                     snapshot.targets.insert(
@@ -442,12 +443,12 @@ mod tests {
                 TargetTable {
                     namespace: "shop".into(),
                     service: "echo".into(),
-                    table: json!({}),
+                    table: RouteTable::default().into(),
                 },
                 TargetTable {
                     namespace: "shop".into(),
                     service: "broken".into(),
-                    table: json!({"ports": 7}),
+                    table: serde_json::from_value(json!({"ports": 7})).unwrap(),
                 },
             ],
             table_count: 2,

@@ -18,7 +18,9 @@ mod request;
 mod router;
 mod rules;
 mod source;
-pub mod table;
+/// The compiled table is plain data, defined in `aether_core` so the per-node config carries it
+/// typed.
+pub use aether_core::route_table as table;
 
 pub use compile::{Compiled, ParentOutcome, RouteOutcome, Verdict, compile};
 pub use error::{RuleError, TableError};

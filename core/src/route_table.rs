@@ -1,6 +1,6 @@
 //! The compiled route table of one route target: plain data, ordered and validated by the
-//! compiler, serialised into the per-node config, and turned into a [`crate::Router`] by
-//! the proxy.
+//! route engine (`aether_routing`), carried typed in the per-node config, and turned into a
+//! router by the proxy.
 
 use std::collections::BTreeMap;
 
