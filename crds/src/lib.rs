@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod http;
 pub mod node_config;
 pub mod pods;
+pub mod route_status;
 pub mod route_target;
 pub mod slices;
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aether_core::names::DERIVED_LABEL;
+use aether_crds::route_status::{self, ExistingParent, RouteParentStatus};
 use aether_crds::{NodeConfig, NodeConfigSpec, RouteTarget, RouteTargetSpec};
 use futures::StreamExt;
 use gateway_api::grpcroutes::GrpcRoute;
@@ -542,8 +543,12 @@ impl Writer {
                 route.namespace().unwrap_or_default(),
                 route.name_any(),
             );
-            let existing =
-                serde_json::to_value(route.status.as_ref().map(|s| &s.parents)).unwrap_or_default();
+            let existing = route_status::existing_parents(
+                route
+                    .status
+                    .as_ref()
+                    .map_or(&[][..], |s| s.parents.as_slice()),
+            );
             writes.extend(self.write_route_status::<HttpRoute>(
                 key.clone(),
                 existing,
@@ -556,8 +561,12 @@ impl Writer {
                 route.namespace().unwrap_or_default(),
                 route.name_any(),
             );
-            let existing =
-                serde_json::to_value(route.status.as_ref().map(|s| &s.parents)).unwrap_or_default();
+            let existing = route_status::existing_parents(
+                route
+                    .status
+                    .as_ref()
+                    .map_or(&[][..], |s| s.parents.as_slice()),
+            );
             writes.extend(self.write_route_status::<GrpcRoute>(
                 key.clone(),
                 existing,
@@ -571,8 +580,8 @@ impl Writer {
     fn write_route_status<K>(
         &self,
         key: (&'static str, String, String),
-        existing: serde_json::Value,
-        ours: Option<&Vec<serde_json::Value>>,
+        existing: serde_json::Result<Vec<ExistingParent>>,
+        ours: Option<&Vec<RouteParentStatus>>,
     ) -> Option<Write<'_>>
     where
         K: Resource<Scope = kube::core::NamespaceResourceScope>
@@ -583,8 +592,18 @@ impl Writer {
             + 'static,
         K::DynamicType: Default,
     {
-        let existing: Vec<serde_json::Value> = existing.as_array().cloned().unwrap_or_default();
-        let merged = status::merge_parents(&existing, ours.map(Vec::as_slice).unwrap_or_default());
+        let object = format!("{} {}/{} status", key.0, key.1, key.2);
+        // Parents that cannot be read are not taken for none: that write would drop other
+        // controllers' entries.
+        let existing = match existing {
+            Ok(existing) => existing,
+            Err(e) => {
+                let error = WriteError::new(object, kube::Error::SerdeError(e));
+                return Some(Box::pin(std::future::ready(Err(error))));
+            }
+        };
+        let merged =
+            route_status::merge_parents(&existing, ours.map(Vec::as_slice).unwrap_or_default());
         if merged == existing {
             return None;
         }
@@ -596,7 +615,7 @@ impl Writer {
                 &Patch::Merge(serde_json::json!({"status": {"parents": merged}})),
             )
             .await
-            .map_err(|e| WriteError::new(format!("{} {}/{} status", key.0, key.1, key.2), e))?;
+            .map_err(|e| WriteError::new(object, e))?;
             self.metrics.writes.inc();
             Ok(())
         })))

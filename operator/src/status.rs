@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use aether_core::names::CONTROLLER_NAME;
 use aether_crds::conditions::{self, reason};
+use aether_crds::route_status::{ParentReference, RouteParentStatus};
 use aether_crds::route_target::{AttachedRoute, ResolvedBackend, RouteTargetStatus, TargetPort};
 use aether_routing::table::{BackendTarget, RouteKind};
 use aether_routing::{ServiceKind, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use serde_json::{Value, json};
 
 use crate::index::{Index, Key};
 use crate::targets::Target;
@@ -336,8 +336,8 @@ pub fn route_parents(
     targets: &BTreeMap<Key, Target>,
     index: &Index,
     now: &Time,
-) -> BTreeMap<(&'static str, String, String), Vec<Value>> {
-    let mut out: BTreeMap<(&'static str, String, String), Vec<Value>> = index
+) -> BTreeMap<(&'static str, String, String), Vec<RouteParentStatus>> {
+    let mut out: BTreeMap<(&'static str, String, String), Vec<RouteParentStatus>> = index
         .routes
         .keys()
         .map(|k| (k.clone(), Vec::new()))
@@ -355,55 +355,25 @@ pub fn route_parents(
         let generation = index.route_generations.get(&route_key).copied();
         for parent in &outcome.parents {
             let p = &route.parents[parent.parent_index];
-            let mut parent_ref = json!({"group": "", "kind": "Service", "name": p.name});
-            if let Some(ns) = &p.namespace {
-                parent_ref["namespace"] = json!(ns);
-            }
-            if let Some(port) = p.port {
-                parent_ref["port"] = json!(port);
-            }
-            if let Some(section) = &p.section_name {
-                parent_ref["sectionName"] = json!(section);
-            }
             let verdict = |kind: &str, v: &Verdict| {
                 condition(kind, v.ok, &v.reason, &v.message, generation, &[], now)
             };
-            entries.push(json!({
-                "parentRef": parent_ref,
-                "controllerName": CONTROLLER_NAME,
-                "conditions": [verdict(conditions::ACCEPTED, &parent.accepted), verdict(conditions::RESOLVED_REFS, &parent.resolved_refs)],
-            }));
+            entries.push(RouteParentStatus {
+                parent_ref: ParentReference {
+                    group: Some(String::new()),
+                    kind: Some("Service".into()),
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    port: p.port,
+                    section_name: p.section_name.clone(),
+                },
+                controller_name: CONTROLLER_NAME.into(),
+                conditions: vec![
+                    verdict(conditions::ACCEPTED, &parent.accepted),
+                    verdict(conditions::RESOLVED_REFS, &parent.resolved_refs),
+                ],
+            });
         }
     }
     out
-}
-
-/// Replaces aether's entries in an existing `status.parents`, keeping other controllers'
-/// entries, and transition times of conditions that did not change.
-pub fn merge_parents(existing: &[Value], ours: &[Value]) -> Vec<Value> {
-    let mut merged: Vec<Value> = existing
-        .iter()
-        .filter(|p| p["controllerName"] != CONTROLLER_NAME)
-        .cloned()
-        .collect();
-    for entry in ours {
-        let mut entry = entry.clone();
-        let old = existing.iter().find(|p| {
-            p["controllerName"] == CONTROLLER_NAME && p["parentRef"] == entry["parentRef"]
-        });
-        if let (Some(old), Some(conditions)) = (old, entry["conditions"].as_array_mut()) {
-            for c in conditions.iter_mut() {
-                let same = old["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|o| o["type"] == c["type"] && o["status"] == c["status"]);
-                if let Some(same) = same {
-                    c["lastTransitionTime"] = same["lastTransitionTime"].clone();
-                }
-            }
-        }
-        merged.push(entry);
-    }
-    merged
 }

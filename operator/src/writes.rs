@@ -35,6 +35,7 @@ impl WriteError {
                 code if code >= 500 => "server_error",
                 _ => "refused",
             },
+            kube::Error::SerdeError(_) => "unreadable",
             _ => "unreachable",
         }
     }
