@@ -7,8 +7,8 @@ use aether_core::names::CONTROLLER_NAME;
 use aether_crds::conditions::{self, reason};
 use aether_crds::route_status::{ParentReference, RouteParentStatus};
 use aether_crds::route_target::{AttachedRoute, ResolvedBackend, RouteTargetStatus, TargetPort};
+use aether_routing::Verdict;
 use aether_routing::table::{BackendTarget, RouteKind};
-use aether_routing::{ServiceKind, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::index::{Index, Key};
@@ -125,25 +125,8 @@ pub fn route_target_status(
         .map(|p| p.conditions.as_slice())
         .unwrap_or_default();
     let service = index.services.get(&target.key);
-    let svc = format!("{}/{}", target.key.0, target.key.1);
-    let (accepted_ok, accepted_reason, accepted_message) = match service.map(|s| s.info.kind) {
-        None => (
-            false,
-            reason::SERVICE_NOT_FOUND,
-            format!("Service {svc} not found"),
-        ),
-        Some(ServiceKind::Headless) => (
-            false,
-            reason::UNSUPPORTED_SERVICE_TYPE,
-            format!("Service {svc} is headless: there is no ClusterIP to route"),
-        ),
-        Some(ServiceKind::ExternalName) => (
-            false,
-            reason::UNSUPPORTED_SERVICE_TYPE,
-            format!("Service {svc} is an ExternalName Service: there is no ClusterIP to route"),
-        ),
-        Some(ServiceKind::ClusterIp) => (true, reason::ACCEPTED, format!("routing Service {svc}")),
-    };
+    let service_verdict =
+        aether_routing::service_verdict(&target.key.0, &target.key.1, service.map(|s| &s.info));
     // A hand-written RouteTarget's own rules are judged as an HTTPRoute's are.
     let refused_rules = target.in_force.as_ref().and_then(|name| {
         target
@@ -155,9 +138,9 @@ pub fn route_target_status(
             .find(|p| !p.accepted.ok)
             .map(|p| p.accepted.clone())
     });
-    let (accepted_ok, accepted_reason, accepted_message) = match (accepted_ok, refused_rules) {
-        (true, Some(verdict)) => (false, verdict.reason, verdict.message),
-        (ok, _) => (ok, accepted_reason.to_owned(), accepted_message),
+    let accepted = match refused_rules {
+        Some(refused) if service_verdict.ok => refused,
+        _ => service_verdict,
     };
 
     let mut routes = Vec::new();
@@ -276,9 +259,9 @@ pub fn route_target_status(
         conditions: vec![
             condition(
                 conditions::ACCEPTED,
-                accepted_ok,
-                &accepted_reason,
-                &accepted_message,
+                accepted.ok,
+                &accepted.reason,
+                &accepted.message,
                 generation,
                 previous_conditions,
                 now,

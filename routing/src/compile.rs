@@ -65,6 +65,29 @@ impl Verdict {
     }
 }
 
+/// Whether Service `namespace/name` (as `service` has it, if it exists) can be a route target:
+/// it needs a ClusterIP to capture. One verdict for a route's parentRef and for a RouteTarget.
+pub fn service_verdict(namespace: &str, name: &str, service: Option<&ServiceInfo>) -> Verdict {
+    let svc = format!("{namespace}/{name}");
+    match service.map(|s| s.kind) {
+        None => Verdict::fail(
+            reason::SERVICE_NOT_FOUND,
+            format!("Service {svc} not found"),
+        ),
+        Some(ServiceKind::Headless) => Verdict::fail(
+            reason::UNSUPPORTED_SERVICE_TYPE,
+            format!("Service {svc} is headless: it has no ClusterIP to route"),
+        ),
+        Some(ServiceKind::ExternalName) => Verdict::fail(
+            reason::UNSUPPORTED_SERVICE_TYPE,
+            format!("Service {svc} is an ExternalName Service: it has no ClusterIP to route"),
+        ),
+        Some(ServiceKind::ClusterIp) => {
+            Verdict::ok(reason::ACCEPTED, format!("routing Service {svc}"))
+        }
+    }
+}
+
 /// Who a rule set is for on one port.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Scope {
@@ -96,17 +119,12 @@ pub fn compile(
                 .filter(|(_, p)| p.is_service(&route.route.namespace, namespace, name))
                 .map(|(parent_index, parent)| {
                     let consumer = route.route.namespace != namespace;
+                    let verdict = service_verdict(namespace, name, service);
                     let (ports, accepted) = match service {
-                        None => (
-                            Vec::new(),
-                            Verdict::fail(
-                                reason::SERVICE_NOT_FOUND,
-                                format!("Service {namespace}/{name} not found"),
-                            ),
-                        ),
-                        Some(service) => {
+                        Some(service) if verdict.ok => {
                             attach(service, parent.port, parent.section_name.as_deref(), rules)
                         }
+                        _ => (Vec::new(), verdict),
                     };
                     ParentOutcome {
                         parent_index,
@@ -175,29 +193,6 @@ fn attach(
     rules: &Result<CompiledRoute, crate::RuleError>,
 ) -> (Vec<u16>, Verdict) {
     let svc = format!("{}/{}", service.namespace, service.name);
-    match service.kind {
-        ServiceKind::ClusterIp => {}
-        ServiceKind::Headless => {
-            return (
-                Vec::new(),
-                Verdict::fail(
-                    reason::UNSUPPORTED_SERVICE_TYPE,
-                    format!("Service {svc} is headless: it has no ClusterIP to route"),
-                ),
-            );
-        }
-        ServiceKind::ExternalName => {
-            return (
-                Vec::new(),
-                Verdict::fail(
-                    reason::UNSUPPORTED_SERVICE_TYPE,
-                    format!(
-                        "Service {svc} is an ExternalName Service: it has no ClusterIP to route"
-                    ),
-                ),
-            );
-        }
-    }
     let mut ports: Vec<u16> = service.ports.iter().map(|p| p.port).collect();
     if let Some(section) = section_name {
         match service

@@ -13,6 +13,7 @@ mod compile;
 mod error;
 pub mod filters;
 pub mod fuzzing;
+mod gateway;
 pub mod protocol;
 mod request;
 mod router;
@@ -22,13 +23,13 @@ mod source;
 /// typed.
 pub use aether_core::route_table as table;
 
-pub use compile::{Compiled, ParentOutcome, RouteOutcome, Verdict, compile};
+pub use compile::{Compiled, ParentOutcome, RouteOutcome, Verdict, compile, service_verdict};
 pub use error::{RuleError, TableError};
 pub use protocol::{PortProtocol, Sniffed, sniff};
 pub use request::RequestView;
 pub use router::{Forward, Outcome, Router, RuleSetRouter};
 pub use source::{
-    GrpcRule, ParentRef, RouteRules, RouteSource, ServiceInfo, ServiceKind, ServiceLookup,
-    ServicePort,
+    GrpcHeaderMatch, GrpcMatch, GrpcRule, ParentRef, RouteRules, RouteSource, ServiceInfo,
+    ServiceKind, ServiceLookup, ServicePort,
 };
 pub use table::RouteTable;

@@ -8,12 +8,9 @@ use aether_crds::http::{
     HttpRouteMatch, HttpRouteRule, HttpRouteTimeouts, PathMatchType, PathModifierType,
     StringMatchType,
 };
-use gateway_api::grpcroutes::{
-    GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType, GrpcRouteRulesMatchesMethodType,
-};
 
 use crate::error::RuleError;
-use crate::source::{GrpcRule, RouteRules, RouteSource, ServiceKind, ServiceLookup};
+use crate::source::{GrpcMatch, GrpcRule, RouteRules, RouteSource, ServiceKind, ServiceLookup};
 use crate::table::{
     Backend, BackendTarget, Entry, Filters, Header, HeaderEdits, Mirror, PathMatch, PathRewrite,
     Redirect, Rewrite, Rule, ServiceRef, StringMatch, Timeouts, ValueMatch,
@@ -206,7 +203,7 @@ fn http_entries(rule: usize, spec: &HttpRouteRule) -> Result<Vec<RankedEntry>, R
 
 /// A gRPC method match becomes a path match on `/<service>/<method>`.
 fn grpc_entries(rule: usize, spec: &GrpcRule) -> Result<Vec<RankedEntry>, RuleError> {
-    let default_match = [GrpcRouteRulesMatches::default()];
+    let default_match = [GrpcMatch::default()];
     let matches = if spec.matches.is_empty() {
         &default_match[..]
     } else {
@@ -216,20 +213,8 @@ fn grpc_entries(rule: usize, spec: &GrpcRule) -> Result<Vec<RankedEntry>, RuleEr
         .iter()
         .enumerate()
         .map(|(match_index, m)| {
-            let service = m
-                .method
-                .as_ref()
-                .and_then(|x| x.service.as_deref())
-                .filter(|s| !s.is_empty());
-            let method = m
-                .method
-                .as_ref()
-                .and_then(|x| x.method.as_deref())
-                .filter(|s| !s.is_empty());
-            let regex = matches!(
-                m.method.as_ref().and_then(|x| x.r#type.as_ref()),
-                Some(GrpcRouteRulesMatchesMethodType::RegularExpression)
-            );
+            let (service, method) = (m.service.as_deref(), m.method.as_deref());
+            let regex = m.regex;
             let path = match (regex, service, method) {
                 (_, None, None) => PathMatch::Prefix("/".into()),
                 (false, Some(s), Some(m)) => PathMatch::Exact(format!("/{s}/{m}")),
@@ -249,12 +234,11 @@ fn grpc_entries(rule: usize, spec: &GrpcRule) -> Result<Vec<RankedEntry>, RuleEr
             };
             let headers = header_matches(
                 rule,
-                m.headers.iter().flatten().map(|h| {
-                    let kind = match h.r#type {
-                        Some(GrpcRouteRulesMatchesHeadersType::RegularExpression) => {
-                            StringMatchType::RegularExpression
-                        }
-                        _ => StringMatchType::Exact,
+                m.headers.iter().map(|h| {
+                    let kind = if h.regex {
+                        StringMatchType::RegularExpression
+                    } else {
+                        StringMatchType::Exact
                     };
                     (h.name.as_str(), Some(kind), h.value.as_str())
                 }),
