@@ -10,4 +10,4 @@ pub mod metrics;
 pub mod node_config;
 pub mod status;
 pub mod targets;
-pub mod writes;
+pub mod write;

@@ -10,7 +10,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// A failed write's reason: `not_found`, `forbidden`, `conflict`, `invalid`, `server_error`,
-/// `refused` or `unreachable` (see `writes::WriteError::metric_label`).
+/// `refused` or `unreachable` (see `write::WriteError::metric_label`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteErrorLabels {
     pub reason: &'static str,
