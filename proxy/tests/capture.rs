@@ -14,8 +14,8 @@ use aether_cni::nft::{self, Families, Nft, TableSpec};
 use aether_cni::protocol::{
     Client, ClientError, DEFAULT_TIMEOUT, ErrorKind, PodRef, Request, Response,
 };
-use aether_proxy::agent::LEAVE_LINGER;
-use aether_proxy::listeners::ConnectionLimits;
+use aether_proxy::inpod::agent::LEAVE_LINGER;
+use aether_proxy::inpod::listeners::ConnectionLimits;
 use common::chain::{node, pod_ips};
 use common::proxy::{CAPTURE_PORT, TestProxy, capture_set, refused_within};
 use common::sockets::{TIMEOUT, accept_within, connect_from, listen_in};
@@ -629,7 +629,7 @@ fn silent_connections_cannot_hold_the_cni_server() {
     let dir = TempDir::new();
     let proxy = TestProxy::start(dir.path(), capture_set(1, &["10.96.0.10:80"]), None);
     let silent: Vec<std::os::unix::net::UnixStream> = (0
-        ..aether_proxy::cni_server::MAX_CONNECTIONS)
+        ..aether_proxy::inpod::cni_server::MAX_CONNECTIONS)
         .map(|_| std::os::unix::net::UnixStream::connect(proxy.socket()).unwrap())
         .collect();
     let hasty = ping(proxy.socket(), Duration::from_secs(1));
@@ -637,7 +637,7 @@ fn silent_connections_cannot_hold_the_cni_server() {
         hasty.is_err(),
         "a connection beyond the bound was served at once: {hasty:?}"
     );
-    let patient = aether_proxy::cni_server::IO_TIMEOUT + Duration::from_secs(5);
+    let patient = aether_proxy::inpod::cni_server::IO_TIMEOUT + Duration::from_secs(5);
     assert_eq!(ping(proxy.socket(), patient).unwrap(), Response::Pong);
     drop(silent);
 }
@@ -720,7 +720,7 @@ fn the_socket_of_a_live_proxy_is_never_taken_over() {
         .build()
         .unwrap();
     let _runtime = runtime.enter();
-    let error = aether_proxy::cni_server::bind(proxy.socket())
+    let error = aether_proxy::inpod::cni_server::bind(proxy.socket())
         .err()
         .expect("bound over a live proxy's socket")
         .to_string();
@@ -732,11 +732,11 @@ fn the_socket_of_a_live_proxy_is_never_taken_over() {
     assert!(!socket.exists());
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     assert!(socket.exists());
-    aether_proxy::cni_server::bind(&socket).unwrap();
+    aether_proxy::inpod::cni_server::bind(&socket).unwrap();
 
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, b"keep me").unwrap();
-    let error = aether_proxy::cni_server::bind(&file)
+    let error = aether_proxy::inpod::cni_server::bind(&file)
         .err()
         .unwrap()
         .to_string();

@@ -26,7 +26,7 @@ use super::error::Error;
 use super::http::{Body, absolute_uri};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::{Certs, FIRST_SVID_WAIT, TrustStore, peer_service_account};
-use crate::netns::{self, Netns, NetnsError};
+use crate::inpod::netns::{self, Netns, NetnsError};
 
 /// Bounds connecting to a peer; past it the request fails with 503.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -8,9 +8,9 @@ use std::time::Duration;
 use ::http::StatusCode;
 use aether_cni::protocol::PodRef;
 
+use crate::dataplane::snapshot::ServiceKey;
 use crate::identity::ServiceAccount;
-use crate::mesh::ServiceKey;
-use crate::netns::NetnsError;
+use crate::inpod::netns::NetnsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -194,13 +194,16 @@ impl Asked {
 /// Sends a CONNECT (its URI the authority it names) to `to` from the network namespace
 /// `netns`, on a connection of its own: a pooled client would name the address it dials.
 pub async fn send_connect(
-    netns: &crate::netns::Netns,
+    netns: &crate::inpod::netns::Netns,
     to: std::net::SocketAddr,
     request: ::http::Request<Body>,
 ) -> Result<Response<Incoming>, Error> {
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, crate::netns::connect_from(netns, to))
-        .await
-        .map_err(|_| Error::ConnectTimeout(to))??;
+    let stream = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        crate::inpod::netns::connect_from(netns, to),
+    )
+    .await
+    .map_err(|_| Error::ConnectTimeout(to))??;
     let failed = |e: hyper::Error| Error::Request {
         to,
         reason: aether_cni::error_chain(&e),

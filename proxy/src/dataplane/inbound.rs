@@ -19,11 +19,11 @@ use super::clients::{CONNECT_TIMEOUT, PodClients};
 use super::error::Error;
 use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh, probe};
+use crate::dataplane::snapshot::Snapshot;
 use crate::identity::tls::{FIRST_SVID_WAIT, peer_service_account};
-use crate::listeners::{Drain, Opening, PodInfo};
-use crate::mesh::Snapshot;
+use crate::inpod::listeners::{Drain, Opening, PodInfo};
+use crate::inpod::netns;
 use crate::metrics::{Direction, RequestLabels};
-use crate::netns;
 use aether_cni::protocol::PodRef;
 
 /// Bounds the TLS handshake of a connecting peer.

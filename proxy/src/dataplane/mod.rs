@@ -11,7 +11,11 @@
 //!   HTTP to unmeshed endpoints and apps, HTTP/2 over mTLS between proxies.
 //! - [`copy`]: bytes both ways between two connections, for everything not HTTP.
 //! - [`error`]: why a request or connection was not carried, its status code and metric label.
+//! - [`snapshot`]: the routes, endpoints and identities the data plane reads, rebuilt by a pure
+//!   function after each change of the cluster.
+//! - [`balancer`]: endpoint choice (power of two choices over EWMA latency).
 
+pub mod balancer;
 pub mod clients;
 pub mod copy;
 pub mod error;
@@ -19,6 +23,7 @@ pub mod http;
 pub mod inbound;
 pub mod outbound;
 pub mod probe;
+pub mod snapshot;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,14 +36,14 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::net::TcpStream;
 
-use crate::balancer::Balancer;
+use crate::dataplane::balancer::Balancer;
+use crate::dataplane::snapshot::Snapshot;
 use crate::identity::ServiceAccount;
 use crate::identity::tls::Certs;
-use crate::listeners::{Drain, Handler, Limit, Opening, PodInfo, Role};
-use crate::mesh::Snapshot;
+use crate::inpod::listeners::{Drain, Handler, Limit, Opening, PodInfo, Role};
+use crate::inpod::netns::Netns;
+use crate::inpod::probes::Probes;
 use crate::metrics::Metrics;
-use crate::netns::Netns;
-use crate::probes::Probes;
 use clients::PodClients;
 
 /// The header through which the inbound side tells the app who called: the caller's SPIFFE ID,
@@ -107,7 +112,7 @@ pub struct Demand {
 
 impl Demand {
     /// Records `target`; wakes the reporter if it is new.
-    pub fn want(&self, target: &crate::mesh::ServiceKey) {
+    pub fn want(&self, target: &crate::dataplane::snapshot::ServiceKey) {
         let added = self
             .targets
             .lock()
@@ -240,7 +245,7 @@ impl Handler for DataPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mesh::ServiceKey;
+    use crate::dataplane::snapshot::ServiceKey;
 
     /// Whether the reporter would be woken now (taking the wake-up).
     fn woken(demand: &Demand) -> bool {

@@ -30,11 +30,11 @@ use super::http::{
     strip_hop_by_hop,
 };
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
+use crate::dataplane::snapshot::{Endpoint, ServiceKey, Snapshot};
 use crate::identity::ServiceAccount;
-use crate::listeners::{Drain, Opening, PodInfo};
-use crate::mesh::{Endpoint, ServiceKey, Snapshot};
+use crate::inpod::listeners::{Drain, Opening, PodInfo};
+use crate::inpod::netns;
 use crate::metrics::{Direction, RequestLabels};
-use crate::netns;
 
 /// How long a connection to a target whose table or Service is not on the node waits for it.
 const COLD_PATH_WAIT: Duration = Duration::from_secs(5);

@@ -18,10 +18,10 @@ use tracing::{debug, warn};
 use super::clients::{CONNECT_TIMEOUT, PodClients};
 use super::http::{self as h, Body, answer};
 use super::{CLIENT_IDENTITY_HEADER, DataPlane, Mesh};
-use crate::listeners::PodInfo;
+use crate::inpod::listeners::PodInfo;
+use crate::inpod::netns;
+use crate::inpod::probes::Probe;
 use crate::metrics::Metrics;
-use crate::netns;
-use crate::probes::Probe;
 use aether_cni::nft::{PROBE_SOURCE_V4, PROBE_SOURCE_V6};
 
 /// Whether `peer` is the probe source, which only the node's own connections to a strict pod

@@ -33,7 +33,7 @@ use nix::sys::time::TimeVal;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::listeners::PodSocket;
+use crate::inpod::listeners::PodSocket;
 
 pub mod holder;
 

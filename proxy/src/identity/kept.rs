@@ -37,7 +37,7 @@ impl KeptSvids {
     pub fn keep(&self, sa: &ServiceAccount, issued: &Issued) {
         let Some(dir) = &self.dir else { return };
         let path = KeptSvids::path(dir, sa);
-        if let Err(e) = crate::state_file::write_in_private_dir(&path, issued.pem.as_bytes()) {
+        if let Err(e) = crate::state::file::write_in_private_dir(&path, issued.pem.as_bytes()) {
             warn!(service_account = %sa, path = %path.display(), error = %e, "cannot keep the SVID for a restart");
         }
     }

@@ -74,7 +74,7 @@ impl SavedCache {
 
     pub fn save<K: Serialize>(&self, objects: &[K]) -> std::io::Result<()> {
         let json = serde_json::to_vec(objects).map_err(std::io::Error::other)?;
-        crate::state_file::write_in_private_dir(&self.path, &json)
+        crate::state::file::write_in_private_dir(&self.path, &json)
     }
 }
 

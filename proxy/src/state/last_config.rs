@@ -63,7 +63,7 @@ impl LastConfig {
         let written = serde_json::to_vec(&saved)
             .map_err(std::io::Error::other)
             // The first config may come before the agent made the state directory.
-            .and_then(|json| crate::state_file::write_in_private_dir(&self.path, &json));
+            .and_then(|json| crate::state::file::write_in_private_dir(&self.path, &json));
         if let Err(error) = written {
             warn!(path = %self.path.display(), %error, "cannot save the node config");
         }

@@ -25,7 +25,7 @@ use aether_cni::protocol::{
 use tokio::net::UnixListener;
 use tracing::{debug, info, warn};
 
-use crate::agent::Agent;
+use crate::inpod::agent::Agent;
 
 /// Bounds each read and write on a connection: a plugin that stops talking is dropped (the
 /// plugin itself gives up on the proxy after 2 s).

@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::identity::svid::Resolver;
-use crate::watch_cache::SavedCache;
+use crate::state::watch_cache::SavedCache;
 
 const PODS_FILE: &str = "node-pods.json";
 /// kube's TLS verifier re-reads this file (about every minute), so a root rotation reaches
@@ -78,7 +78,7 @@ impl NodePods {
                 pods = pods.len(),
                 "serving the saved list of the node's pods until the feed answers"
             );
-            crate::watch_cache::seed(&mut writer, pods);
+            crate::state::watch_cache::seed(&mut writer, pods);
         }
         let pods = NodePods {
             store: writer.as_reader(),
@@ -192,7 +192,7 @@ fn write_bundle(
     if written.as_ref() == Some(&bundle) {
         return Ok(());
     }
-    crate::state_file::write_in_private_dir(path, bundle.as_bytes()).map_err(|source| {
+    crate::state::file::write_in_private_dir(path, bundle.as_bytes()).map_err(|source| {
         FeedError::Write {
             path: path.to_owned(),
             source,

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tracing::warn;
 
-use crate::capture_set::CaptureSet;
+use crate::inpod::capture_set::CaptureSet;
 
 pub use aether_core::service::ServiceKey;
 

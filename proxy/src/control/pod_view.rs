@@ -9,7 +9,7 @@ use aether_cni::decision::{self, Meshing};
 use aether_cni::protocol::PodRef;
 use aether_core::meshing::namespace_is_strict;
 
-use crate::probes::Probes;
+use crate::inpod::probes::Probes;
 
 pub type Labels = BTreeMap<String, String>;
 

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use aether_cni::decision::Meshing;
 use aether_cni::protocol::PodRef;
 
-use crate::registry::RegisteredPod;
+use crate::state::registry::RegisteredPod;
 
 /// One of this node's pods as the proxy sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub fn plan(pods: &[NodePod], registered: &[RegisteredPod]) -> Vec<Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::enrolled_id;
+    use crate::state::registry::enrolled_id;
 
     fn pod(name: &str) -> PodRef {
         PodRef {

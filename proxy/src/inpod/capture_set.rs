@@ -131,7 +131,7 @@ impl CaptureSet {
         let path = state_dir.join(SAVED_FILE);
         serde_json::to_vec(self)
             .map_err(io::Error::other)
-            .and_then(|json| crate::state_file::write_atomically(&path, &json))
+            .and_then(|json| crate::state::file::write_atomically(&path, &json))
             .map_err(|source| CaptureSetError::Write { path, source })
     }
 }

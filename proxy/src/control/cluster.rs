@@ -4,7 +4,7 @@
 //!
 //! Everything read here is cached: if the API server goes away, the proxy keeps serving the
 //! last snapshot it built, and a proxy restarted meanwhile serves the caches the last run saved
-//! ([`crate::watch_cache`]).
+//! ([`crate::state::watch_cache`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -31,18 +31,18 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
-use crate::agent::{Agent, Enrolment, LEAVE_LINGER};
+use crate::control::enrol::{self, NodePod, Step};
+use crate::control::node_pods::NodePods;
+use crate::control::pod_view::{Labels, PodView, ViewError};
+use crate::dataplane::snapshot::{Inputs, Snapshot};
 use crate::dataplane::{Demand, SnapshotCell, Workloads};
-use crate::enrol::{self, NodePod, Step};
 use crate::identity::ServiceAccount;
 use crate::identity::tls::Certs;
-use crate::last_config::LastConfig;
-use crate::mesh::{Inputs, Snapshot};
+use crate::inpod::agent::{Agent, Enrolment, LEAVE_LINGER};
+use crate::inpod::probes::Probes;
 use crate::metrics::Metrics;
-use crate::node_pods::NodePods;
-use crate::pod_view::{Labels, PodView, ViewError};
-use crate::probes::Probes;
-use crate::watch_cache::{self, SavedCache};
+use crate::state::last_config::LastConfig;
+use crate::state::watch_cache::{self, SavedCache};
 
 /// Changes arriving together are applied together.
 const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -84,7 +84,7 @@ pub struct ClusterView {
 
 impl ClusterView {
     /// Starts the watches, each saved in `state_dir`; `pods` is fed by
-    /// [`crate::node_pods::feed`].
+    /// [`crate::control::node_pods::feed`].
     pub fn start(
         client: &kube::Client,
         node: &str,
@@ -245,7 +245,7 @@ impl ClusterView {
                     uid: None,
                 };
                 matches!(
-                    crate::pod_view::meshing(self, &pod_ref),
+                    crate::control::pod_view::meshing(self, &pod_ref),
                     Ok(aether_cni::decision::Meshing::Meshed)
                 )
             });
@@ -388,7 +388,7 @@ impl ClusterView {
                         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                         && !ips.is_empty();
                     NodePod {
-                        meshing: crate::pod_view::meshing(self, &pod_ref).ok(),
+                        meshing: crate::control::pod_view::meshing(self, &pod_ref).ok(),
                         pod: pod_ref,
                         ips,
                         running,
@@ -522,7 +522,7 @@ impl Enroller {
     ) {
         let wanted: Vec<IpAddr> = joining.iter().flat_map(|(_, ips)| ips.clone()).collect();
         let found = tokio::task::spawn_blocking(move || {
-            crate::netns::holding(std::path::Path::new(NETNS_DIR), &wanted)
+            crate::inpod::netns::holding(std::path::Path::new(NETNS_DIR), &wanted)
         })
         .await
         .map_err(|e| e.to_string())

@@ -21,7 +21,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
 use crate::handover::holder::Keeper;
-use crate::netns::{self, Netns, NetnsError};
+use crate::inpod::netns::{self, Netns, NetnsError};
 
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);

@@ -13,7 +13,7 @@ use aether_cni::nft::Families;
 use aether_cni::protocol::PodRef;
 use serde::{Deserialize, Serialize};
 
-use crate::capture_set::CaptureSet;
+use crate::inpod::capture_set::CaptureSet;
 
 /// One registration: a meshed pod's attachment, as the plugin reported it at ADD.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,7 +203,7 @@ impl Registry {
 
     /// Saves to `path`; a crash leaves either the old registry or the new one.
     pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
-        crate::state_file::write_atomically(path, &self.to_json()).map_err(|source| {
+        crate::state::file::write_atomically(path, &self.to_json()).map_err(|source| {
             RegistryError::Write {
                 path: path.to_owned(),
                 source,

@@ -21,15 +21,15 @@ use aether_cni::protocol::{
 use tokio::runtime::Handle;
 use tracing::{debug, error, info, warn};
 
-use crate::capture_set::CaptureSet;
+use crate::control::pod_view::{self, PodView};
 use crate::dataplane::{DataPlane, ForwardCounts};
-use crate::listeners::{
+use crate::inpod::capture_set::CaptureSet;
+use crate::inpod::listeners::{
     ConnectionLimits, Listeners, PodInfo, PodSocket, Role, capture_addrs, inbound_addr,
 };
-use crate::netns::{self, Netns, NetnsError};
-use crate::pod_view::{self, PodView};
-use crate::probes::Probes;
-use crate::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
+use crate::inpod::netns::{self, Netns, NetnsError};
+use crate::inpod::probes::Probes;
+use crate::state::registry::{RegisteredPod, Registry, RegistryError, enrolled_id};
 
 /// The registry's file in the state directory.
 pub const REGISTRY_FILE: &str = "registry.json";
@@ -124,7 +124,7 @@ impl Agent {
         if config.capture_port == 0 {
             return Err(AgentError::CapturePortZero);
         }
-        crate::state_file::create_private_dir(&config.state_dir).map_err(|source| {
+        crate::state::file::create_private_dir(&config.state_dir).map_err(|source| {
             AgentError::StateDir {
                 path: config.state_dir.clone(),
                 source,
