@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use aether_cni::nft::Nft;
 use aether_cni::protocol::{DEFAULT_SOCKET, PodRef};
-use aether_proxy::control::cluster::{self, ClusterView};
 use aether_proxy::control::cni_kubeconfig;
+use aether_proxy::control::drift::{self, CniEntry};
 use aether_proxy::control::node_pods::{self, NodePods};
 use aether_proxy::control::pod_view::{Labels, PodView, ViewError};
+use aether_proxy::control::view::{ClusterView, Install};
+use aether_proxy::control::{apply, node};
 use aether_proxy::dataplane::snapshot::Snapshot;
 use aether_proxy::dataplane::{DataPlane, Demand, Mesh, SnapshotCell};
 use aether_proxy::handover::holder::{Holder, Keeper};
@@ -467,7 +469,7 @@ async fn run(
             let view = ClusterView::start(
                 &client,
                 &args.node,
-                cluster::Install {
+                Install {
                     namespace: args.namespace.clone(),
                     bundle: args.trust_bundle.clone(),
                     daemonset: args.daemonset.clone(),
@@ -531,7 +533,7 @@ async fn run(
             let demand = Arc::new(Demand::default());
             lifelong.push((
                 "the demand report",
-                tokio::spawn(cluster::report_demand(
+                tokio::spawn(node::report_demand(
                     client.clone(),
                     args.node.clone(),
                     demand.clone(),
@@ -575,7 +577,7 @@ async fn run(
                     restored,
                 )),
             ));
-            apply = Some(tokio::spawn(cluster::apply_changes(
+            apply = Some(tokio::spawn(apply::apply_changes(
                 client.clone(),
                 view.clone(),
                 agent.clone(),
@@ -585,13 +587,13 @@ async fn run(
                 metrics.clone(),
                 stopping.subscribe(),
             )));
-            repair = Some(tokio::spawn(cluster::repair_drift(
+            repair = Some(tokio::spawn(drift::repair_drift(
                 client.clone(),
                 view.clone(),
                 agent.clone(),
                 metrics.clone(),
                 Duration::from_secs(args.drift_check_seconds.max(1)),
-                cluster::CniEntry::current(&args.cni_conf_dir),
+                CniEntry::current(&args.cni_conf_dir),
                 stopping.subscribe(),
             )));
             cluster = Some(view);

@@ -1,7 +1,7 @@
 //! Running pods joining and leaving the mesh with no restart: which of this node's pods to
 //! mesh (their namespace was opted in after they started, or this proxy was installed after
 //! them) and which to take out (their namespace was opted out, or they opted out), decided
-//! from what the proxy sees. Pure; `cluster::enrol_running_pods` acts on it.
+//! from what the proxy sees. Pure; `enroller::Enroller` acts on it.
 
 use std::net::IpAddr;
 
