@@ -26,6 +26,7 @@ use tokio::net::UnixListener;
 use tracing::{debug, info, warn};
 
 use crate::inpod::agent::Agent;
+use crate::inpod::protocol;
 
 /// Bounds each read and write on a connection: a plugin that stops talking is dropped (the
 /// plugin itself gives up on the proxy after 2 s).
@@ -262,7 +263,7 @@ fn serve_connection(stream: UnixStream, agent: &Agent) {
             return;
         }
         let reply = match read_frame(&mut reader) {
-            Ok(Some(frame)) => handle_frame(&frame, |request| agent.handle(request)),
+            Ok(Some(frame)) => handle_frame(&frame, |request| protocol::handle(agent, request)),
             Ok(None) => return,
             Err(error @ FrameError::TooLarge) => {
                 let reply = encode_response(&Response::Error(ErrorReply {

@@ -6,6 +6,7 @@
 //! - [`capture_set`]: the ClusterIP:ports every meshed pod's table captures.
 //! - [`probes`]: how the kubelet probes a pod, which strict mode lets through.
 //! - [`agent`]: the answers to the CNI plugin, the pods' listeners and tables, drift repair.
+//! - [`protocol`]: the plugin's requests answered by the agent.
 //! - [`cni_server`]: the plugin ↔ proxy protocol (`aether_cni::protocol`) on a Unix socket.
 
 pub mod agent;
@@ -14,3 +15,4 @@ pub mod cni_server;
 pub mod listeners;
 pub mod netns;
 pub mod probes;
+pub mod protocol;
