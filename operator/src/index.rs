@@ -366,3 +366,132 @@ impl aether_routing::ServiceLookup for Index {
         self.services.get(&key(namespace, name)).map(|s| &s.info)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn object<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn namespace(name: &str, managed: bool) -> Namespace {
+        object(
+            json!({"metadata": {"name": name, "labels": {"aether.io/managed": managed.to_string()}}}),
+        )
+    }
+
+    fn pod(namespace: &str, name: &str, node: &str, spec: Value, annotations: Value) -> Pod {
+        let mut spec = spec;
+        spec["nodeName"] = json!(node);
+        spec["containers"] = json!([]);
+        object(json!({
+            "metadata": {"namespace": namespace, "name": name, "labels": {"app": "echo"},
+                         "annotations": annotations},
+            "spec": spec,
+            "status": {"podIPs": [{"ip": format!("10.0.0.{}", name.len())}]},
+        }))
+    }
+
+    fn index() -> Index {
+        let mut index = Index::default();
+        index.add_namespace(&namespace("shop", true));
+        index.add_namespace(&namespace("plain", false));
+        index.add_service(&object(json!({
+            "metadata": {"namespace": "shop", "name": "echo"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "echo"},
+                     "ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]},
+        })));
+        index
+    }
+
+    #[test]
+    fn pods_follow_the_meshing_rule_and_default_to_the_default_service_account() {
+        let mut index = index();
+        index.add_pod(&pod(
+            "shop",
+            "a",
+            "n1",
+            json!({"serviceAccountName": "web"}),
+            json!({}),
+        ));
+        index.add_pod(&pod(
+            "shop",
+            "b",
+            "n1",
+            json!({}),
+            json!({"aether.io/capture": "disabled"}),
+        ));
+        index.add_pod(&pod(
+            "shop",
+            "c",
+            "n1",
+            json!({"hostNetwork": true}),
+            json!({}),
+        ));
+        index.add_pod(&pod("plain", "d", "n1", json!({}), json!({})));
+        let meshed = |ns: &str, name: &str| index.pods[&key(ns, name)].meshed;
+        assert!(meshed("shop", "a"));
+        assert!(!meshed("shop", "b"), "opted out");
+        assert!(!meshed("shop", "c"), "host network");
+        assert!(!meshed("plain", "d"), "unmanaged namespace");
+        assert_eq!(
+            index.pods[&key("shop", "b")].service_account,
+            ServiceAccount::new("shop", "default")
+        );
+        assert_eq!(
+            index.identities("cluster.local", &key("shop", "echo")),
+            vec![
+                "spiffe://cluster.local/ns/shop/sa/default",
+                "spiffe://cluster.local/ns/shop/sa/web",
+            ]
+        );
+    }
+
+    #[test]
+    fn depends_on_names_services_of_the_pods_namespace_or_another() {
+        let mut index = index();
+        let annotations = json!({"aether.io/depends-on": "far/api, echo, not/a/key"});
+        index.add_pod(&pod("shop", "a", "n1", json!({}), annotations));
+        assert_eq!(
+            index.pods[&key("shop", "a")].depends_on,
+            vec![key("far", "api"), key("shop", "echo")]
+        );
+    }
+
+    #[test]
+    fn only_tcp_ports_and_ready_endpoints_count() {
+        let mut index = index();
+        assert_eq!(index.services[&key("shop", "echo")].info.ports.len(), 1);
+        index.add_endpoint_slice(&object(json!({
+            "metadata": {"namespace": "shop", "name": "echo-1",
+                         "labels": {"kubernetes.io/service-name": "echo"}},
+            "addressType": "IPv4",
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
+                          {"addresses": ["10.0.0.2"], "conditions": {"ready": false}}],
+        })));
+        let echo = key("shop", "echo");
+        assert_eq!(index.ready_endpoints[&echo], 1);
+        assert_eq!(index.endpoint_addresses[&echo].len(), 2);
+    }
+
+    #[test]
+    fn a_proxy_is_believed_about_the_pods_of_its_own_node_only() {
+        let mut index = index();
+        index.add_pod(&pod("shop", "a", "n1", json!({}), json!({})));
+        index.add_pod(&pod("shop", "bb", "n2", json!({}), json!({})));
+        // n1's proxy claims to capture both pods; only its own counts.
+        index.add_node_config(&object(json!({
+            "metadata": {"name": "n1"},
+            "spec": {},
+            "status": {"capturedPods": ["shop/a", "shop/bb"]},
+        })));
+        assert_eq!(
+            index.meshed_pod_addresses(),
+            BTreeSet::from(["10.0.0.1".to_owned()])
+        );
+    }
+}

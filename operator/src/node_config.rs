@@ -374,3 +374,66 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
         identities,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::index::key;
+
+    fn index() -> Index {
+        let mut index = Index::default();
+        index.add_namespace(
+            &serde_json::from_value(
+                json!({"metadata": {"name": "shop", "labels": {"aether.io/managed": "true"}}}),
+            )
+            .unwrap(),
+        );
+        for (name, cluster_ip) in [("echo", "10.96.0.10"), ("db", "None")] {
+            index.add_service(
+                &serde_json::from_value(json!({
+                    "metadata": {"namespace": "shop", "name": name},
+                    "spec": {"clusterIP": cluster_ip, "selector": {"app": name}, "ports": [{"port": 80}]},
+                }))
+                .unwrap(),
+            );
+            index.add_pod(
+                &serde_json::from_value(json!({
+                    "metadata": {"namespace": "shop", "name": format!("{name}-0"), "labels": {"app": name}},
+                    "spec": {"nodeName": "n1", "containers": []},
+                    "status": {"podIPs": [{"ip": if name == "db" { "10.0.0.7" } else { "10.0.0.5" }}]},
+                }))
+                .unwrap(),
+            );
+        }
+        // db's slice also names a pod of another namespace, which it does not select.
+        index.add_endpoint_slice(
+            &serde_json::from_value(json!({
+                "metadata": {"namespace": "shop", "name": "db-1",
+                             "labels": {"kubernetes.io/service-name": "db"}},
+                "addressType": "IPv4",
+                "ports": [{"port": 5432, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["10.0.0.7"]}, {"addresses": ["10.0.9.9"]}],
+            }))
+            .unwrap(),
+        );
+        index
+    }
+
+    #[test]
+    fn a_cluster_ip_service_is_dialled_at_its_ports_and_a_headless_one_at_its_own_meshed_pods() {
+        let index = index();
+        let meshed = BTreeSet::from(["10.0.0.7".to_owned(), "10.0.9.9".to_owned()]);
+        assert_eq!(
+            service_addresses(&index, &key("shop", "echo"), &meshed),
+            vec!["10.96.0.10:80".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(
+            service_addresses(&index, &key("shop", "db"), &meshed),
+            vec!["10.0.0.7:5432".parse::<SocketAddr>().unwrap()],
+            "the slice's foreign address is not the Service's to capture"
+        );
+        assert!(service_addresses(&index, &key("shop", "db"), &BTreeSet::new()).is_empty());
+    }
+}

@@ -360,3 +360,67 @@ pub fn route_parents(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_until_its_status_changes() {
+        let first = condition("Accepted", true, "Accepted", "ok", Some(1), &[], &at(10));
+        let same = condition(
+            "Accepted",
+            true,
+            "Accepted",
+            "still ok",
+            Some(2),
+            std::slice::from_ref(&first),
+            &at(20),
+        );
+        assert_eq!(same.last_transition_time, at(10));
+        assert_eq!(same.observed_generation, Some(2));
+        let flipped = condition(
+            "Accepted",
+            false,
+            "Refused",
+            "no",
+            Some(3),
+            &[same],
+            &at(30),
+        );
+        assert_eq!(flipped.last_transition_time, at(30));
+        assert_eq!(flipped.status, "False");
+    }
+
+    #[test]
+    fn programmed_names_the_nodes_behind() {
+        let mut index = Index::default();
+        for node in ["n1", "n2", "n3"] {
+            index.add_node(node);
+        }
+        index.node_configs.insert("n1".into(), (Some(4), Some(4)));
+        index.node_configs.insert("n2".into(), (Some(3), Some(4)));
+        let required = Required::from([("n1".into(), 4), ("n2".into(), 4)]);
+        let programmed = programmed_condition(&index, &required, Some(1), &[], &at(0));
+        assert_eq!(programmed.status, "False");
+        assert_eq!(
+            programmed.message,
+            "applied by 1 of 3 nodes; not yet by n2 (applied generation 3), n3 (applied nothing yet)"
+        );
+        index.node_configs.insert("n2".into(), (Some(4), Some(4)));
+        index.node_configs.insert("n3".into(), (Some(5), Some(5)));
+        let programmed = programmed_condition(&index, &required, Some(1), &[], &at(0));
+        assert_eq!(
+            (programmed.status.as_str(), programmed.message.as_str()),
+            ("True", "applied by all 3 nodes")
+        );
+        let none = programmed_condition(&Index::default(), &required, Some(1), &[], &at(0));
+        assert_eq!(none.message, "no node to apply it");
+    }
+}
