@@ -27,42 +27,27 @@ impl Writer {
     ) -> Vec<WriteError> {
         let ours = status::route_parents(targets, index, now);
         let mut writes: Vec<Write<'_>> = Vec::new();
-        for route in stores.http_routes.state() {
-            let key = (
-                "HTTPRoute",
-                route.namespace().unwrap_or_default(),
-                route.name_any(),
-            );
-            let existing = route_status::existing_parents(
-                route
-                    .status
-                    .as_ref()
-                    .map_or(&[][..], |s| s.parents.as_slice()),
-            );
-            writes.extend(self.write_route_status::<HttpRoute>(
-                key.clone(),
-                existing,
-                ours.get(&key),
-            ));
+        // HTTPRoute and GRPCRoute: two generated types of one shape.
+        macro_rules! route_writes {
+            ($store:expr, $kind:literal, $type:ty) => {
+                for route in $store.state() {
+                    let key = (
+                        $kind,
+                        route.namespace().unwrap_or_default(),
+                        route.name_any(),
+                    );
+                    let parents = route.status.as_ref().map_or(&[][..], |s| &s.parents[..]);
+                    let existing = route_status::existing_parents(parents);
+                    writes.extend(self.write_route_status::<$type>(
+                        key.clone(),
+                        existing,
+                        ours.get(&key),
+                    ));
+                }
+            };
         }
-        for route in stores.grpc_routes.state() {
-            let key = (
-                "GRPCRoute",
-                route.namespace().unwrap_or_default(),
-                route.name_any(),
-            );
-            let existing = route_status::existing_parents(
-                route
-                    .status
-                    .as_ref()
-                    .map_or(&[][..], |s| s.parents.as_slice()),
-            );
-            writes.extend(self.write_route_status::<GrpcRoute>(
-                key.clone(),
-                existing,
-                ours.get(&key),
-            ));
-        }
+        route_writes!(stores.http_routes, "HTTPRoute", HttpRoute);
+        route_writes!(stores.grpc_routes, "GRPCRoute", GrpcRoute);
         super::all(writes, STATUS_WRITES_IN_FLIGHT).await
     }
 
