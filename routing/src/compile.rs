@@ -148,20 +148,8 @@ pub fn compile(
     }
     // Which routes apply to each (port, scope), with no route counted twice.
     let mut attached: BTreeMap<(u16, Scope), BTreeSet<usize>> = BTreeMap::new();
-    for (i, outcome) in outcomes.iter().enumerate() {
-        for parent in outcome.parents.iter().filter(|p| p.accepted.ok) {
-            let scope = if parent.consumer {
-                Scope::Consumer(outcome.route.namespace.clone())
-            } else {
-                Scope::Producer
-            };
-            for port in &parent.ports {
-                attached
-                    .entry((*port, scope.clone()))
-                    .or_default()
-                    .insert(i);
-            }
-        }
+    for (i, port, scope) in attachments(&outcomes) {
+        attached.entry((port, scope)).or_default().insert(i);
     }
     let mut ports: BTreeMap<u16, PortRoutes> = BTreeMap::new();
     for ((port, scope), route_indices) in attached {
@@ -305,6 +293,30 @@ fn resolved_refs(rules: &Result<CompiledRoute, crate::RuleError>) -> Verdict {
     }
 }
 
+/// Which routes attach where: each accepted parentRef's ports, with whom the route is for
+/// (route index, port, scope). The table and the kind-conflict check both follow it.
+fn attachments(outcomes: &[RouteOutcome]) -> impl Iterator<Item = (usize, u16, Scope)> + '_ {
+    outcomes.iter().enumerate().flat_map(|(i, outcome)| {
+        let accepted = outcome.parents.iter().filter(|p| p.accepted.ok);
+        accepted.flat_map(move |parent| {
+            let scope = scope_of(parent, &outcome.route.namespace);
+            parent
+                .ports
+                .iter()
+                .map(move |&port| (i, port, scope.clone()))
+        })
+    })
+}
+
+/// A consumer route is for its own namespace's clients; a producer route for every client.
+fn scope_of(parent: &ParentOutcome, route_namespace: &str) -> Scope {
+    if parent.consumer {
+        Scope::Consumer(route_namespace.to_owned())
+    } else {
+        Scope::Producer
+    }
+}
+
 /// Gateway API forbids merging GRPCRoute and HTTPRoute rules. Where both kinds attach to
 /// the same port for the same clients, the kind of the oldest route wins and the parentRefs
 /// of the other kind are refused.
@@ -317,30 +329,17 @@ fn reject_conflicting_kinds(routes: &[RouteSource], outcomes: &mut [RouteOutcome
         )
     };
     let mut oldest: BTreeMap<(u16, Scope), usize> = BTreeMap::new();
-    for (i, outcome) in outcomes.iter().enumerate() {
-        for parent in outcome.parents.iter().filter(|p| p.accepted.ok) {
-            let scope = if parent.consumer {
-                Scope::Consumer(outcome.route.namespace.clone())
-            } else {
-                Scope::Producer
-            };
-            for port in &parent.ports {
-                let slot = oldest.entry((*port, scope.clone())).or_insert(i);
-                if age(i) < age(*slot) {
-                    *slot = i;
-                }
-            }
+    for (i, port, scope) in attachments(outcomes) {
+        let slot = oldest.entry((port, scope)).or_insert(i);
+        if age(i) < age(*slot) {
+            *slot = i;
         }
     }
     for outcome in outcomes.iter_mut() {
         let protocol = outcome.route.kind.protocol();
         let namespace = outcome.route.namespace.clone();
         for parent in outcome.parents.iter_mut().filter(|p| p.accepted.ok) {
-            let scope = if parent.consumer {
-                Scope::Consumer(namespace.clone())
-            } else {
-                Scope::Producer
-            };
+            let scope = scope_of(parent, &namespace);
             let winner = parent
                 .ports
                 .iter()
