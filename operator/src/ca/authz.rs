@@ -2,12 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use aether_core::identity::ServiceAccount;
 use aether_core::meshing::namespace_is_managed;
 use aether_crds::pods;
 use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 use k8s_openapi::api::core::v1::Pod;
-
-use aether_core::identity::ServiceAccount;
 
 /// The TokenReview `extra` key carrying the node of the pod a token is bound to.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";

@@ -1,6 +1,6 @@
 //! Drift repair: a registered pod's table or listeners put back when something removed them.
 
-use aether_cni::nft::{self};
+use aether_cni::nft;
 use aether_cni::protocol::PodRef;
 use tracing::{debug, error, warn};
 
