@@ -5,6 +5,7 @@
 //! cluster.
 #![forbid(unsafe_code)]
 
+pub mod authz;
 pub mod ca_api;
 pub mod identity;
 pub mod k8s_names;

@@ -27,3 +27,8 @@ pub const CONTROLLER_NAME: &str = "aether.io/mesh";
 
 /// Node taint that keeps pods off a node until its aether agent is ready.
 pub const AGENT_NOT_READY_TAINT: &str = "aether.io/agent-not-ready";
+
+/// Namespace label whose value [`AUTHORIZATION_DENY`] makes the namespace's meshed pods refuse
+/// every caller that no ALLOW AuthorizationPolicy admits (kubelet probes still pass).
+pub const AUTHORIZATION_LABEL: &str = "aether.io/authorization";
+pub const AUTHORIZATION_DENY: &str = "deny";

@@ -1,4 +1,5 @@
-//! Condition types and reasons used in RouteTarget and Gateway API route status.
+//! Condition types and reasons used in RouteTarget, AuthorizationPolicy and Gateway API route
+//! status.
 //! Where Gateway API defines a reason, the same string is used.
 
 pub const ACCEPTED: &str = "Accepted";
@@ -22,6 +23,8 @@ pub mod reason {
     /// Every port the parentRef names is declared non-HTTP: its bytes are never parsed, so
     /// no HTTP or gRPC route applies to it.
     pub const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
+    /// A policy with a field that cannot be honoured (the Gateway API's policy reason).
+    pub const INVALID: &str = "Invalid";
 
     // ResolvedRefs
     pub const RESOLVED_REFS: &str = "ResolvedRefs";

@@ -2,6 +2,7 @@
 //! node's proxy. One object per node, named after it; nothing secret is in it, and
 //! endpoints stay in EndpointSlices.
 
+use aether_core::authz::NodeAuthorization;
 use aether_core::lenient::Lenient;
 use aether_core::route_table::RouteTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -70,6 +71,12 @@ pub struct NodeConfigSpec {
     /// take mTLS.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<ServiceIdentities>,
+
+    /// The AuthorizationPolicies of the namespaces with meshed pods on the node, compiled, and
+    /// which of those namespaces deny by default.
+    #[serde(default, skip_serializing_if = "NodeAuthorization::is_empty")]
+    #[schemars(schema_with = "opaque_object")]
+    pub authorization: NodeAuthorization,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

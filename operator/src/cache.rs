@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
 use aether_core::names::{CAPTURE_ANNOTATION, DEPENDS_ON_ANNOTATION};
-use aether_crds::{NodeConfig, RouteTarget};
+use aether_crds::{AuthorizationPolicy, NodeConfig, RouteTarget};
 use futures::StreamExt;
 use gateway_api::grpcroutes::GrpcRoute;
 use gateway_api::httproutes::HttpRoute;
@@ -37,6 +37,7 @@ pub enum Kind {
     EndpointSlice,
     NodeConfig,
     Node,
+    AuthorizationPolicy,
 }
 
 /// A part of the index that changed: one namespace of a kind, or all of it (`None`: a
@@ -195,6 +196,16 @@ impl Reduce for RouteTarget {
     }
 }
 
+impl Reduce for AuthorizationPolicy {
+    fn reduce(&mut self) {
+        slim_meta(&mut self.metadata);
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        self.metadata == other.metadata && self.spec == other.spec
+    }
+}
+
 impl Reduce for NodeConfig {
     fn reduce(&mut self) {
         slim_meta(&mut self.metadata);
@@ -259,6 +270,7 @@ pub struct Stores {
     pub slices: Store<EndpointSlice>,
     pub node_configs: Store<NodeConfig>,
     pub nodes: Store<Node>,
+    pub policies: Store<AuthorizationPolicy>,
 }
 
 impl Stores {
@@ -307,6 +319,12 @@ impl Stores {
                 &mut tasks,
             ),
             nodes: watch(Api::all(all()), Kind::Node, changes.clone(), &mut tasks),
+            policies: watch(
+                Api::all(all()),
+                Kind::AuthorizationPolicy,
+                changes.clone(),
+                &mut tasks,
+            ),
         };
         (stores, tasks)
     }
@@ -321,6 +339,7 @@ impl Stores {
             && self.slices.wait_until_ready().await.is_ok()
             && self.node_configs.wait_until_ready().await.is_ok()
             && self.nodes.wait_until_ready().await.is_ok()
+            && self.policies.wait_until_ready().await.is_ok()
     }
 
     /// Brings the index up to date with the caches, re-reading only the parts that changed.
@@ -359,12 +378,17 @@ impl Stores {
                 }
                 Kind::Namespace => {
                     index.managed_namespaces.clear();
+                    index.deny_by_default.clear();
                     self.namespaces
                         .state()
                         .iter()
                         .for_each(|n| index.add_namespace(n));
                 }
                 Kind::Pod => {}
+                Kind::AuthorizationPolicy => {
+                    index.clear_policies(scope.0);
+                    scope.of(&self.policies).for_each(|p| index.add_policy(&p));
+                }
                 Kind::EndpointSlice => {
                     index.clear_endpoints(scope.0);
                     scope
@@ -481,6 +505,7 @@ mod tests {
             slices: store().0,
             node_configs: store().0,
             nodes: store().0,
+            policies: store().0,
         };
         (
             stores,

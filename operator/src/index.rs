@@ -81,6 +81,9 @@ pub struct Index {
     /// Node name -> the pods its proxy reports capturing (`status.capturedPods`).
     pub node_captured: BTreeMap<String, BTreeSet<Key>>,
     pub nodes: BTreeSet<String>,
+    pub policies: BTreeMap<Key, crate::authz::PolicyObject>,
+    /// Namespaces labelled to deny what no ALLOW policy admits.
+    pub deny_by_default: BTreeSet<String>,
 }
 
 fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
@@ -229,9 +232,31 @@ impl Index {
             .labels
             .as_ref()
             .is_some_and(namespace_is_managed);
+        if namespace
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(aether_core::authz::namespace_denies_by_default)
+        {
+            self.deny_by_default.insert(name.clone());
+        }
         if managed {
             self.managed_namespaces.insert(name);
         }
+    }
+
+    pub fn clear_policies(&mut self, namespace: Option<&str>) {
+        clear_namespace(&mut self.policies, |k| &k.0, namespace);
+    }
+
+    pub fn add_policy(&mut self, policy: &aether_crds::AuthorizationPolicy) {
+        self.policies.insert(
+            ns_name(&policy.metadata),
+            crate::authz::PolicyObject {
+                generation: policy.metadata.generation,
+                spec: policy.spec.clone(),
+            },
+        );
     }
 
     /// Pods are added after namespaces: whether a pod is meshed depends on its namespace.

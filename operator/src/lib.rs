@@ -1,6 +1,8 @@
 //! The aether operator: derives RouteTargets from GAMMA routes, computes their status,
-//! the routes' status and the per-node config, and runs the mesh certificate authority.
+//! the routes' status and the per-node config, compiles AuthorizationPolicies into it, and runs
+//! the mesh certificate authority.
 
+pub mod authz;
 pub mod ca;
 pub mod cache;
 pub mod controller;

@@ -208,6 +208,8 @@ pub struct Shared {
     /// Services captured with an identity route (an empty table).
     pub identity_routed: BTreeSet<Key>,
     pub clients: BTreeMap<String, Clients>,
+    pub policies: BTreeMap<Key, crate::authz::CompiledPolicy>,
+    pub deny_by_default: BTreeSet<String>,
 }
 
 impl Shared {
@@ -246,6 +248,8 @@ impl Shared {
                 .collect(),
             identity_routed,
             clients,
+            policies: crate::authz::compile_all(index),
+            deny_by_default: index.deny_by_default.clone(),
         }
     }
 }
@@ -372,6 +376,11 @@ pub fn node_config(node: &str, targets: &BTreeMap<Key, Target>, shared: &Shared)
         table_count: tables.len() as i32,
         tables,
         identities,
+        authorization: crate::authz::node_authorization(
+            &shared.policies,
+            &shared.deny_by_default,
+            &client_namespaces,
+        ),
     }
 }
 

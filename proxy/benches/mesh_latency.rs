@@ -5,6 +5,8 @@
 //!   HTTP/2 + mTLS between the two node proxies, to the server pod;
 //! - **nginx pair**: the same two hops with Debian's nginx: one in the client pod's network
 //!   namespace, one in the server pod's, mutual TLS 1.3 between them, keep-alive pools;
+//! - **authz aether**: the same with 10 AuthorizationPolicies on the server's Service (DENY
+//!   and ALLOW for other callers, the client's ALLOW last), there for this path's turns only;
 //! - **tcp relay pair**: two plain TCP relays in the same places, copying bytes (no TLS, no
 //!   HTTP): what any two user-space hops cost on this machine, the floor under both proxies.
 //!
@@ -45,6 +47,7 @@ use aether_e2e::mesh::{
     Accounts, MESH_NS, client_pod, install, mesh_workloads, uninstall, unmesh_workloads,
     wait_accepted, wait_nodes_applied, wait_pods,
 };
+use aether_e2e::process::admin_get;
 use aether_test_support::cases::RouteRef;
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Empty};
@@ -59,7 +62,15 @@ const SATURATION_CONNECTIONS: [usize; 3] = [16, 64, 256];
 const SATURATION_SECONDS: u64 = 5;
 const ROUNDS: usize = 3;
 /// The paths measured, in the order they take turns.
-const PATHS: [&str; 4] = ["direct", "tcp relay pair", "aether", "nginx pair"];
+const PATHS: [&str; 5] = [
+    "direct",
+    "tcp relay pair",
+    "aether",
+    "authz aether",
+    "nginx pair",
+];
+/// The AuthorizationPolicies on the server's Service during the `authz aether` path's turns.
+const POLICIES: usize = 10;
 const EXTRA_PODS: usize = 20;
 const NGINX_CLIENT_PORT: u16 = 18080;
 const NGINX_SERVER_PORT: u16 = 18443;
@@ -185,20 +196,25 @@ async fn run() -> Result<()> {
         node_proxy(&cluster, &client)?,
         node_proxy(&cluster, &server)?,
     ];
+    let debug_build = debug_proxies(&cluster, [&client, &server])?;
+    if let Some(nodes) = &debug_build {
+        eprintln!(
+            "the proxies of {nodes} are a debug build: their figures measure the compiler, not aether; start the cluster with AETHER_PROFILE=release tests/cluster/up.sh"
+        );
+    }
+    let aether_addr = format!(
+        "{cluster_ip}:{}",
+        match proto {
+            Proto::Http => 80,
+            Proto::Tcp => TCP_PORT,
+        }
+    );
     // Where each of PATHS is dialled, and its proxies' pids.
     let places = [
         (format!("{server_ip}:{}", proto.app_port()), Vec::new()),
         (format!("127.0.0.1:{RELAY_CLIENT_PORT}"), Vec::new()),
-        (
-            format!(
-                "{cluster_ip}:{}",
-                match proto {
-                    Proto::Http => 80,
-                    Proto::Tcp => TCP_PORT,
-                }
-            ),
-            proxies.to_vec(),
-        ),
+        (aether_addr.clone(), proxies.to_vec()),
+        (aether_addr.clone(), proxies.to_vec()),
         (format!("127.0.0.1:{NGINX_CLIENT_PORT}"), nginx.pids()),
     ];
     let targets: Vec<_> = PATHS
@@ -213,11 +229,32 @@ async fn run() -> Result<()> {
     for round in 1..=ROUNDS {
         for ((name, addr, pids), figures) in targets.iter().zip(&mut rounds) {
             let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
+            // The policies close the server pod to the plaintext of the other paths: they
+            // are there for this path's turn only.
+            let authz = *name == "authz aether";
+            if authz {
+                cluster.apply_text(&policies())?;
+                wait_nodes_applied(&cluster).await?;
+            }
             let measured =
                 measure_in(&client_netns, addr, pids.clone(), proto).map_err(|e| match *name {
                     "nginx pair" => e.context(nginx.logs()),
                     _ => e,
-                })?;
+                });
+            if authz {
+                cluster.kubectl(&[
+                    "-n",
+                    MESH_NS,
+                    "delete",
+                    "authorizationpolicies",
+                    "--all",
+                    "--wait",
+                ])?;
+                wait_nodes_applied(&cluster).await?;
+                // The pod's strict mode follows the snapshot a moment later.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let measured = measured?;
             eprintln!("round {round}, {name}: {measured:?}");
             figures.push(measured);
         }
@@ -326,12 +363,73 @@ async fn run() -> Result<()> {
             ratio(aether, pair),
             per_round.join(", ")
         );
+        if aether.saturation_rps < pair.saturation_rps {
+            println!(
+                "REGRESSION: aether saturates below the nginx pair ({} < 1.00); aether has been at or above it since December 2026 (docs/performance.md)",
+                ratio(aether, pair)
+            );
+        }
         if let (Some(a), Some(n)) = (aether.bulk, pair.bulk) {
             println!("aether / nginx pair bulk: {:.2}", a / n.max(1.0));
         }
     }
+    if let (Ok(with), Ok(without)) = (figures("authz aether"), figures("aether")) {
+        println!(
+            "aether with {POLICIES} AuthorizationPolicies / without: saturation {:.3}, proxy CPU per request at {RATE}/s {:.3}",
+            with.saturation_rps / without.saturation_rps.max(1.0),
+            with.proxy_cpu_at_rate.unwrap_or_default().as_secs_f64()
+                / without
+                    .proxy_cpu_at_rate
+                    .unwrap_or_default()
+                    .as_secs_f64()
+                    .max(1e-9),
+        );
+    }
     println!("proxy RSS per captured pod: {rss}");
+    if let Some(nodes) = debug_build {
+        println!(
+            "NOT COMPARABLE: the proxies of {nodes} are a debug build (AETHER_PROFILE=release tests/cluster/up.sh)"
+        );
+    }
     Ok(())
+}
+
+/// [`POLICIES`] policies on the server's Service that every request is checked against: DENY
+/// and ALLOW policies for other ServiceAccounts (some with HTTP matches), and last the ALLOW
+/// that admits the client's namespace.
+fn policies() -> String {
+    (0..POLICIES)
+        .map(|i| {
+            let (action, rule) = match i {
+                _ if i == POLICIES - 1 => ("ALLOW", format!("{{sources: [{{namespace: {MESH_NS}}}]}}")),
+                _ if i % 3 == 0 => ("DENY", format!("{{sources: [{{serviceAccount: {MESH_NS}/bench-{i}}}]}}")),
+                _ => (
+                    "ALLOW",
+                    format!("{{sources: [{{serviceAccount: {MESH_NS}/bench-{i}}}], http: [{{path: {{type: PathPrefix, value: /only-{i}}}, method: GET}}]}}"),
+                ),
+            };
+            format!(
+                "apiVersion: aether.io/v1alpha1\nkind: AuthorizationPolicy\nmetadata: {{name: bench-{i}, namespace: {MESH_NS}}}\n\
+                 spec:\n  targetRefs: [{{group: \"\", kind: Service, name: echo-v2}}]\n  action: {action}\n  rules: [{rule}]\n---\n"
+            )
+        })
+        .collect()
+}
+
+/// The nodes of `pods` whose proxy says (`aether_proxy_build_info`) it is not a release build.
+fn debug_proxies(cluster: &Cluster, pods: [&Pod; 2]) -> Result<Option<String>> {
+    let mut debug = Vec::new();
+    for pod in pods {
+        let node = aether_e2e::node_of(pod)?;
+        let (_, metrics) = admin_get(&cluster.node_ip(&node)?, "/metrics")?;
+        let release = metrics.lines().any(|l| {
+            l.starts_with("aether_proxy_build_info{") && l.contains("profile=\"release\"")
+        });
+        if !release {
+            debug.push(node);
+        }
+    }
+    Ok((!debug.is_empty()).then(|| debug.join(", ")))
 }
 
 /// Where Debian's nginx stream module is.

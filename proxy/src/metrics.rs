@@ -100,6 +100,23 @@ pub struct EnrolmentLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    /// `release` or `debug`: a benchmark of a debug build measures the compiler, not aether.
+    profile: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthzLabels {
+    /// `namespace/name`, or `namespace/*` for a namespace's default deny.
+    pub policy: String,
+    /// `allow` or `deny`.
+    pub decision: &'static str,
+    /// `enforce` or `audit` (a refusal an audit policy would have made).
+    pub mode: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -114,6 +131,7 @@ pub struct Metrics {
     outbound_refused: Family<ReasonLabels, Counter>,
     failures: Family<FailureLabels, Counter>,
     over_limit: Family<LimitLabels, Counter>,
+    authz: Family<AuthzLabels, Counter>,
     pub captured_pods: Gauge,
     pub config_generation: Gauge,
 }
@@ -139,6 +157,7 @@ impl Metrics {
         let outbound_refused = Family::<ReasonLabels, Counter>::default();
         let failures = Family::<FailureLabels, Counter>::default();
         let over_limit = Family::<LimitLabels, Counter>::default();
+        let authz = Family::<AuthzLabels, Counter>::default();
         let captured_pods = Gauge::default();
         let config_generation = Gauge::default();
         registry.register(
@@ -192,6 +211,27 @@ impl Metrics {
             over_limit.clone(),
         );
         registry.register(
+            "authz_decisions",
+            "Authorization decisions on mesh requests and connections to pods an AuthorizationPolicy selects, by deciding policy, decision and mode (audit: what an audit policy would have refused)",
+            authz.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                profile: if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                },
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1: the proxy's version and build profile",
+            build,
+        );
+        registry.register(
             "captured_pods",
             "Pods registered with this proxy",
             captured_pods.clone(),
@@ -214,6 +254,7 @@ impl Metrics {
             outbound_refused,
             failures,
             over_limit,
+            authz,
             captured_pods,
             config_generation,
         }
@@ -226,6 +267,17 @@ impl Metrics {
         };
         latency.observe(took.as_secs_f64());
         self.requests.get_or_create(&labels).inc();
+    }
+
+    pub fn authz(&self, policy: String, allowed: bool, mode: &'static str) {
+        let decision = if allowed { "allow" } else { "deny" };
+        self.authz
+            .get_or_create(&AuthzLabels {
+                policy,
+                decision,
+                mode,
+            })
+            .inc();
     }
 
     pub fn handshake(&self, side: &'static str, ok: bool) {

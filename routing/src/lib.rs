@@ -28,6 +28,7 @@ pub use error::{RuleError, TableError};
 pub use protocol::{PortProtocol, Sniffed, sniff};
 pub use request::RequestView;
 pub use router::{Forward, Outcome, Router, RuleSetRouter};
+pub use rules::request_matches;
 pub use source::{
     GrpcHeaderMatch, GrpcMatch, GrpcRule, ParentRef, RouteRules, RouteSource, ServiceInfo,
     ServiceKind, ServiceLookup, ServicePort,

@@ -129,6 +129,19 @@ fn header_matches<'a>(
     Ok(out)
 }
 
+/// The request matches of HTTPRoute-shaped matches, checked as a route's are (none is every
+/// request): what an authorization rule admits or refuses. Errors name rule 0.
+pub fn request_matches(matches: &[HttpRouteMatch]) -> Result<Vec<Entry>, RuleError> {
+    let spec = HttpRouteRule {
+        matches: Some(matches.to_vec()),
+        ..HttpRouteRule::default()
+    };
+    Ok(http_entries(0, &spec)?
+        .into_iter()
+        .map(|e| e.entry)
+        .collect())
+}
+
 fn http_entries(rule: usize, spec: &HttpRouteRule) -> Result<Vec<RankedEntry>, RuleError> {
     let default_match = [HttpRouteMatch::default()];
     let matches = match spec.matches.as_deref() {

@@ -66,11 +66,43 @@ pub fn table_objects(listing: &Value, name: &str) -> Result<Nftables<'static>, s
         .unwrap_or_default()
         .iter()
         .filter(|object| is_of(object, name))
-        .map(|object| serde_json::from_value(object.clone()))
+        .map(|object| {
+            let mut object = object.clone();
+            protocols_by_name(&mut object);
+            serde_json::from_value(object)
+        })
         .collect::<Result<Vec<NfObject>, _>>()?;
     Ok(Nftables {
         objects: objects.into(),
     })
+}
+
+/// The layer 4 protocols our rules match, as nft names them.
+const PROTOCOL_NAMES: [(u64, &str); 4] = [(1, "icmp"), (6, "tcp"), (17, "udp"), (58, "ipv6-icmp")];
+
+/// Names the protocol of every `meta l4proto` match: nft lists a number where
+/// `/etc/protocols` is missing (the proxy's image), and the rules we install name it.
+fn protocols_by_name(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            if let Some(Value::Object(matched)) = object.get_mut("match") {
+                let l4proto = matched
+                    .get("left")
+                    .and_then(|left| left.pointer("/meta/key"))
+                    .and_then(Value::as_str)
+                    == Some("l4proto");
+                if l4proto
+                    && let Some(number) = matched.get("right").and_then(Value::as_u64)
+                    && let Some((_, name)) = PROTOCOL_NAMES.iter().find(|(n, _)| *n == number)
+                {
+                    matched.insert("right".into(), Value::from(*name));
+                }
+            }
+            object.values_mut().for_each(protocols_by_name);
+        }
+        Value::Array(items) => items.iter_mut().for_each(protocols_by_name),
+        _ => {}
+    }
 }
 
 fn is_of(object: &Value, name: &str) -> bool {
@@ -442,5 +474,21 @@ mod tests {
             ),
             "{drift:?}"
         );
+    }
+
+    #[test]
+    fn a_protocol_listed_by_number_is_the_protocol_named() {
+        let listing = serde_json::json!({"nftables": [
+            {"rule": {"family": "inet", "table": TABLE, "chain": STRICT_CHAIN, "handle": 4, "expr": [
+                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": 6}},
+                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": 58}},
+                {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 6}},
+            ]}},
+        ]});
+        let listed = serde_json::to_value(our_objects(&listing).unwrap()).unwrap();
+        let expr = &listed["nftables"][0]["rule"]["expr"];
+        assert_eq!(expr[0]["match"]["right"], "tcp");
+        assert_eq!(expr[1]["match"]["right"], "ipv6-icmp");
+        assert_eq!(expr[2]["match"]["right"], 6, "a port stays a number");
     }
 }

@@ -1,10 +1,10 @@
 //! The leader's writes to the API server, one object each: derived RouteTargets and their
-//! status and Events (`targets`), Gateway API route status (`routes`), and NodeConfigs
-//! (`node_configs`). A write that fails fails for its object alone: every other write of the
-//! pass still runs, and the failure comes back typed, naming its object, with a label for the
-//! metric.
-
+//! status and Events (`targets`), Gateway API route status (`routes`), AuthorizationPolicy
+//! status (`policies`), and NodeConfigs (`node_configs`). A write that fails fails for its
+//! object alone: every other write of the pass still runs, and the failure comes back typed,
+//! naming its object, with a label for the metric.
 mod node_configs;
+mod policies;
 mod routes;
 mod targets;
 
@@ -139,6 +139,7 @@ impl Writer {
             self.route_status(stores, &model.index, &model.targets, &now)
                 .await,
         );
+        failed.extend(self.policy_status(stores, model, &now).await);
         failed
     }
 

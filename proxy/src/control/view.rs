@@ -329,6 +329,12 @@ impl Workloads for ClusterView {
         PodView::probes(self, pod).unwrap_or_default()
     }
 
+    fn labels(&self, pod: &PodRef) -> Labels {
+        self.pod(pod)
+            .map(|p| p.labels().clone())
+            .unwrap_or_default()
+    }
+
     fn declared_ports(&self, pod: &PodRef) -> Vec<u16> {
         let Some(pod) = self.pod(pod) else {
             return Vec::new();

@@ -234,6 +234,9 @@ pub fn plaintext_server() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
+        // A client that shuts its side down once its request is sent (`nc`, some scripts)
+        // still gets the answer, as it does from the app itself.
+        .half_close(true)
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(MAX_HEADER_BYTES);
@@ -245,16 +248,27 @@ pub fn plaintext_server() -> auto::Builder<TokioExecutor> {
 }
 
 /// Joins two connections that switched protocols (the client's and the backend's, each handed
-/// over by hyper once its side of the switch is done): bytes both ways until both close.
-pub fn join(pod: PodRef, client: OnUpgrade, backend: OnUpgrade) {
+/// over by hyper once its side of the switch is done): bytes both ways until both close, or
+/// until `cut` resolves (its authorization was revoked).
+pub fn join(
+    pod: PodRef,
+    client: OnUpgrade,
+    backend: OnUpgrade,
+    cut: impl std::future::Future<Output = ()> + Send + 'static,
+) {
     tokio::spawn(async move {
         let (client, backend) = match tokio::try_join!(client, backend) {
             Ok(both) => both,
             Err(error) => return debug!(%pod, %error, "a protocol switch was never completed"),
         };
         let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
-        if let Err(error) = super::copy::both_ways(&mut client, &mut backend).await {
-            debug!(%pod, %error, "a switched connection ended with an error");
+        tokio::select! {
+            copied = super::copy::both_ways(&mut client, &mut backend) => {
+                if let Err(error) = copied {
+                    debug!(%pod, %error, "a switched connection ended with an error");
+                }
+            }
+            () = cut => {}
         }
     });
 }

@@ -2,7 +2,8 @@
 //! SVID, the caller must present one of the mesh; each request goes to the pod's own address,
 //! on a port the pod serves, with the caller's verified identity in [`CLIENT_IDENTITY_HEADER`].
 //! Never to its loopback: what a pod keeps to itself stays out of the mesh's reach. An opaque
-//! connection arrives as an HTTP/2 CONNECT tunnel and goes to the app's port as TCP.
+//! connection arrives as an HTTP/2 CONNECT tunnel and goes to the app's port as TCP. The pod's
+//! AuthorizationPolicies decide each request, and each tunnel at its setup and at every change.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -13,8 +14,9 @@ use ::http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+use super::authz::{self, Callee, Caller};
 use super::clients::{CONNECT_TIMEOUT, PodClients};
 use super::error::Error;
 use super::http::{self as h, Body, Carried, FORWARD_HEADER, answer, authority, parse_forward};
@@ -86,11 +88,20 @@ pub async fn serve(
     let Some(client) = peer_service_account(trust, tls.get_ref().1.peer_certificates()) else {
         return;
     };
-    let identity = match HeaderValue::from_str(&client.spiffe_id(trust.trust_domain())) {
+    let spiffe_id = client.spiffe_id(trust.trust_domain());
+    let identity = match HeaderValue::from_str(&spiffe_id) {
         Ok(value) => value,
         Err(_) => return,
     };
     let app = Arc::new(App {
+        callee: Arc::new(Callee::new(
+            pod.pod.clone(),
+            mesh.workloads.labels(&pod.pod),
+        )),
+        caller: Arc::new(Caller {
+            service_account: client,
+            spiffe_id,
+        }),
         clients: plane.clients(&pod.netns),
         mesh: mesh.clone(),
         label: format!("{}/{}", pod.pod.namespace, pod.pod.name).into(),
@@ -134,6 +145,9 @@ struct App {
     /// The pod's connection pools (to its apps), looked up once for the connection.
     clients: Arc<PodClients>,
     identity: HeaderValue,
+    /// The pod called and who calls, for its AuthorizationPolicies.
+    callee: Arc<Callee>,
+    caller: Arc<Caller>,
     /// The pod as the metrics label, formatted once for the connection's requests.
     label: Arc<str>,
     /// The empty route target label of inbound requests, allocated once.
@@ -175,6 +189,9 @@ impl App {
         };
         parts.headers.remove(FORWARD_HEADER);
         if let Some(refused) = self.refusal(port) {
+            return refused;
+        }
+        if let Some(refused) = self.authorize(port, Some(&authz::Head(&parts))) {
             return refused;
         }
         // Whatever the caller claimed, the app sees only what mTLS proved.
@@ -219,6 +236,21 @@ impl App {
 }
 
 impl App {
+    /// The 403 naming the policy for a caller the pod's AuthorizationPolicies refuse; `None`
+    /// when they admit it (or none selects the pod).
+    fn authorize(&self, port: u16, head: Option<&authz::Head<'_>>) -> Option<Response<Body>> {
+        let snapshot = self.mesh.snapshot.load();
+        let verdict = authz::decide(
+            &self.mesh,
+            &snapshot,
+            &self.callee,
+            &self.caller,
+            port,
+            head,
+        )?;
+        verdict.refused.as_ref().map(authz::forbidden)
+    }
+
     /// The 403 (counted) for a port the pod does not serve; `None` for one it serves.
     fn refusal(&self, port: u16) -> Option<Response<Body>> {
         let snapshot = self.mesh.snapshot.load();
@@ -254,6 +286,10 @@ impl App {
         if let Some(refused) = self.refusal(port) {
             return refused;
         }
+        // A tunnel's bytes are not HTTP the policies can read: it is decided at setup, on its port.
+        if let Some(refused) = self.authorize(port, None) {
+            return refused;
+        }
         if carried == Carried::Tcp {
             return self.opaque(request, port).await;
         }
@@ -275,13 +311,22 @@ impl App {
         };
         let upgrade = hyper::upgrade::on(&mut request);
         let pod = self.pod.pod.clone();
+        let (mesh, callee, caller) = (self.mesh.clone(), self.callee.clone(), self.caller.clone());
+        let snapshots = mesh.snapshot.watch();
         tokio::spawn(async move {
             match upgrade.await {
                 Ok(upgraded) => {
                     let mut app = app;
                     let mut upgraded = TokioIo::new(upgraded);
-                    if let Err(error) = super::copy::both_ways(&mut upgraded, &mut app).await {
-                        debug!(%pod, %to, %error, "mesh tunnel ended with an error");
+                    tokio::select! {
+                        copied = super::copy::both_ways(&mut upgraded, &mut app) => {
+                            if let Err(error) = copied {
+                                debug!(%pod, %to, %error, "mesh tunnel ended with an error");
+                            }
+                        }
+                        refusal = authz::revoked(&mesh, snapshots, &callee, &caller, port) => {
+                            info!(%pod, %to, caller = %caller.spiffe_id, %refusal, "closed a mesh tunnel its authorization no longer admits");
+                        }
                     }
                 }
                 Err(error) => debug!(%pod, %to, %error, "mesh tunnel was never opened"),
@@ -362,10 +407,17 @@ impl App {
             h::strip_hop_by_hop(response.headers_mut());
             return response.map(h::incoming);
         }
+        let (mesh, callee, caller) = (self.mesh.clone(), self.callee.clone(), self.caller.clone());
+        let snapshots = mesh.snapshot.watch();
+        let pod = self.pod.pod.clone();
         h::join(
             self.pod.pod.clone(),
             tunnel,
             hyper::upgrade::on(&mut response),
+            async move {
+                let refusal = authz::revoked(&mesh, snapshots, &callee, &caller, port).await;
+                info!(%pod, caller = %caller.spiffe_id, %refusal, "closed a switched connection its authorization no longer admits");
+            },
         );
         let (mut head, _) = response.into_parts();
         let switched = match &asked {

@@ -5,6 +5,7 @@
 //!   to its original destination.
 //! - [`inbound`]: an mTLS connection of another proxy to a local pod, forwarded to the app at
 //!   the pod's own address with the verified client identity.
+//! - [`authz`]: who may call a local pod, decided from the caller's verified identity.
 //! - [`probe`]: the node's probes of a strict pod, which its table sends to the inbound
 //!   listener: only the probes' requests pass, with no identity.
 //! - [`clients`]: connections made from inside a pod's network namespace, pooled: plain
@@ -15,6 +16,7 @@
 //!   function after each change of the cluster.
 //! - [`balancer`]: endpoint choice (power of two choices over EWMA latency).
 
+pub mod authz;
 pub mod balancer;
 pub mod clients;
 pub mod copy;
@@ -28,13 +30,14 @@ pub mod snapshot;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use ::http::HeaderName;
 use aether_cni::protocol::PodRef;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 
 use crate::dataplane::balancer::Balancer;
 use crate::dataplane::snapshot::Snapshot;
@@ -58,19 +61,32 @@ pub trait Workloads: Send + Sync {
     fn declared_ports(&self, pod: &PodRef) -> Vec<u16>;
     /// How the kubelet probes the pod: what the node may send it in strict mode.
     fn probes(&self, pod: &PodRef) -> Probes;
+    /// The pod's labels, which decide the AuthorizationPolicies that select it.
+    fn labels(&self, pod: &PodRef) -> std::collections::BTreeMap<String, String>;
 }
 
-/// The current snapshot, swapped whole when the cluster changes.
-#[derive(Debug, Default)]
-pub struct SnapshotCell(RwLock<Arc<Snapshot>>);
+/// The current snapshot, swapped whole when the cluster changes; what lives as long as a
+/// connection (a tunnel's authorization) watches it.
+#[derive(Debug)]
+pub struct SnapshotCell(watch::Sender<Arc<Snapshot>>);
+
+impl Default for SnapshotCell {
+    fn default() -> Self {
+        SnapshotCell(watch::Sender::new(Arc::default()))
+    }
+}
 
 impl SnapshotCell {
     pub fn load(&self) -> Arc<Snapshot> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.borrow().clone()
     }
 
     pub fn store(&self, snapshot: Arc<Snapshot>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        self.0.send_replace(snapshot);
+    }
+
+    pub fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.0.subscribe()
     }
 }
 
@@ -193,6 +209,21 @@ impl DataPlane {
                 snapshot.services.keys().map(ToString::to_string).collect();
             mesh.demand.retain(|target| services.contains(target));
         }
+    }
+
+    /// Whether a local pod must refuse plaintext from other hosts for its policies: an
+    /// unmeshed caller never passes through this proxy, so only the pod's table can refuse it.
+    pub fn refuses_plaintext(&self, pod: &PodRef) -> bool {
+        let Some(mesh) = &self.mesh else {
+            return false;
+        };
+        let snapshot = mesh.snapshot.load();
+        let labels = mesh.workloads.labels(pod);
+        snapshot
+            .authz
+            .policies
+            .applicable(&pod.namespace, &labels)
+            .refuses_unauthenticated()
     }
 
     fn clients(&self, netns: &Netns) -> Arc<PodClients> {

@@ -648,6 +648,7 @@ impl Connection {
                 self.pod.pod.clone(),
                 switch.client,
                 hyper::upgrade::on(&mut response),
+                std::future::pending(),
             );
         }
         // A switched protocol's answer keeps its `Upgrade` and `Connection`.
@@ -707,6 +708,7 @@ impl Connection {
             self.pod.pod.clone(),
             switch.client,
             hyper::upgrade::on(&mut response),
+            std::future::pending(),
         );
         let (mut head, _) = response.into_parts();
         head.version = Version::HTTP_11;

@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use aether_core::authz::{NodeAuthorization, PolicySet};
 use aether_core::lenient::Lenient;
 use aether_crds::node_config::NodeConfigSpec;
 use aether_crds::slices;
@@ -64,8 +65,17 @@ pub struct Snapshot {
     /// a pod serves are those its own namespace's Services send to (a slice of another
     /// namespace naming the pod proves nothing, anyone may write one).
     pub served: HashMap<IpAddr, Vec<(String, u16)>>,
+    /// The node's authorization policies, ready to decide.
+    pub authz: Arc<Authorization>,
     /// Tables that did not load, with the reason (reported, never fatal).
     pub errors: Vec<String>,
+}
+
+/// The node's policies compiled, with what they came from (to reuse them when unchanged).
+#[derive(Debug, Default)]
+pub struct Authorization {
+    pub policies: PolicySet,
+    source: NodeAuthorization,
 }
 
 /// The inputs of a snapshot.
@@ -95,6 +105,7 @@ impl Snapshot {
             snapshot.targets = previous.targets.clone();
             snapshot.identities = previous.identities.clone();
             snapshot.meshed = previous.meshed.clone();
+            snapshot.authz = previous.authz.clone();
             snapshot.services = services(inputs, &snapshot.meshed);
             return snapshot;
         };
@@ -182,6 +193,19 @@ impl Snapshot {
                 .identities
                 .insert(key, ids.identities.iter().cloned().collect());
         }
+        snapshot.authz = if previous.authz.source == spec.authorization {
+            previous.authz.clone()
+        } else {
+            let (policies, errors) = PolicySet::new(&spec.authorization);
+            for error in errors {
+                warn!(%error, "an authorization rule does not compile; it fails closed");
+                snapshot.errors.push(error.to_string());
+            }
+            Arc::new(Authorization {
+                policies,
+                source: spec.authorization.clone(),
+            })
+        };
         snapshot.services = services(inputs, &snapshot.meshed);
         snapshot
     }
@@ -458,6 +482,7 @@ mod tests {
                 identities: vec!["spiffe://cluster.local/ns/shop/sa/v1".into()],
                 meshed_addresses: vec!["10.244.1.5".into(), "nonsense".into()],
             }],
+            authorization: NodeAuthorization::default(),
         }
     }
 

@@ -1,5 +1,6 @@
-//! Strict mode: pods whose namespace refuses plaintext from other hosts, and the node's table
-//! that gives the node's probes of them a probe source address.
+//! Strict mode: pods that refuse plaintext from other hosts (their namespace says so, or their
+//! AuthorizationPolicies refuse callers without an identity), and the node's table that gives
+//! the node's probes of them a probe source address.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -14,9 +15,10 @@ use crate::inpod::probes::Probes;
 use crate::state::registry::RegisteredPod;
 
 impl Agent {
-    /// Brings every registered pod's table to its namespace's mTLS mode: a namespace labelled
-    /// (or no longer labelled) `aether.io/mtls=strict` gets its pods' tables reinstalled with
-    /// (or without) strict mode's chain.
+    /// Brings every registered pod's table to its mTLS mode: a namespace labelled (or no longer
+    /// labelled) `aether.io/mtls=strict`, or a pod an AuthorizationPolicy now (or no longer)
+    /// closes to callers without an identity, gets its table reinstalled with (or without)
+    /// strict mode's chain.
     pub fn sync_modes(&self) {
         let mut state = self.lock();
         let mut next = state.registry.clone();
@@ -50,11 +52,13 @@ impl Agent {
         state.registry = next;
     }
 
-    /// The inbound port, when the pod's namespace is in strict mode and the proxy has a mesh
-    /// (without one there is no mTLS to require). An unknown namespace is not strict yet.
+    /// The inbound port, when the pod's namespace is in strict mode or its AuthorizationPolicies
+    /// refuse callers without an identity, and the proxy has a mesh (without one there is no
+    /// mTLS to require). An unknown namespace is not strict yet.
     pub(super) fn strict_port(&self, pod: &PodRef) -> Option<u16> {
-        self.inbound_port
-            .filter(|_| pod_view::strict(&*self.view, pod).unwrap_or(false))
+        self.inbound_port.filter(|_| {
+            pod_view::strict(&*self.view, pod).unwrap_or(false) || self.plane.refuses_plaintext(pod)
+        })
     }
 
     /// The table a registered pod has, by its record.
