@@ -1,9 +1,10 @@
 //! AuthorizationPolicy status: `Accepted` with a reason per invalid field, `Programmed` with the
-//! nodes that enforce the policy. One merge patch per policy whose status changed.
+//! nodes that enforce the policy. One merge patch per policy whose status changed, and an
+//! Event when its Accepted condition changes.
 
 use aether_crds::AuthorizationPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use kube::api::{Api, Patch, PatchParams};
 
 use super::{Model, STATUS_WRITES_IN_FLIGHT, Write, WriteError, Writer};
@@ -35,6 +36,7 @@ impl Writer {
             if previous == Some(&desired) {
                 continue;
             }
+            let previous = previous.map(|s| s.conditions.clone()).unwrap_or_default();
             writes.push(self.guarded(Box::pin(async move {
                 let api: Api<AuthorizationPolicy> =
                     Api::namespaced(self.client.clone(), &namespace);
@@ -47,6 +49,8 @@ impl Writer {
                 .map_err(|e| {
                     WriteError::new(format!("AuthorizationPolicy {namespace}/{name} status"), e)
                 })?;
+                self.accepted_event(&object.object_ref(&()), &previous, &desired.conditions)
+                    .await;
                 Ok(())
             })));
         }

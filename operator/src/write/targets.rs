@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aether_core::names::DERIVED_LABEL;
 use aether_crds::{RouteTarget, RouteTargetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -214,7 +215,8 @@ impl Writer {
                     WriteError::new(format!("RouteTarget {namespace}/{name} status"), e)
                 })?;
                 self.metrics.writes.inc();
-                self.accepted_event(&object, previous.as_ref(), &desired)
+                let previous = previous.map(|s| s.conditions).unwrap_or_default();
+                self.accepted_event(&object.object_ref(&()), &previous, &desired.conditions)
                     .await;
                 Ok(())
             })));
@@ -222,19 +224,22 @@ impl Writer {
         super::all(writes, STATUS_WRITES_IN_FLIGHT).await
     }
 
-    /// An Event on the RouteTarget when its Accepted condition changes.
+    /// An Event on an object (a RouteTarget, an AuthorizationPolicy) when its Accepted
+    /// condition changes: Normal when it becomes True, Warning with the reasons otherwise.
     pub(super) async fn accepted_event(
         &self,
-        object: &RouteTarget,
-        previous: Option<&aether_crds::RouteTargetStatus>,
-        desired: &aether_crds::RouteTargetStatus,
+        reference: &ObjectReference,
+        previous: &[Condition],
+        desired: &[Condition],
     ) {
-        let accepted = |s: Option<&aether_crds::RouteTargetStatus>| {
-            s.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Accepted"))
+        let accepted = |conditions: &[Condition]| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == "Accepted")
                 .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
         };
         let Some((status, reason, message)) =
-            accepted(Some(desired)).filter(|now| Some(now) != accepted(previous).as_ref())
+            accepted(desired).filter(|now| Some(now) != accepted(previous).as_ref())
         else {
             return;
         };
@@ -249,7 +254,7 @@ impl Writer {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
+        if let Err(error) = self.recorder.publish(&event, reference).await {
             tracing::warn!(error = %error, "cannot publish event");
         }
     }

@@ -15,7 +15,8 @@
 //!   kubelet's probes keep the pod Ready.
 //! - An opaque connection (a CONNECT tunnel between the proxies) to a port the policy does not
 //!   allow is refused at setup, and an open one is closed when a new policy denies it.
-//! - Invalid fields get `Accepted=False` with a reason each, and leave a valid policy in force.
+//! - Invalid fields get `Accepted=False` with a reason each (and a Warning Event), and leave a
+//!   valid policy in force.
 
 use std::time::{Duration, Instant};
 
@@ -229,7 +230,6 @@ fn delete_policies(cluster: &Cluster) -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not yet passing on the local cluster: issue 33's note says where it stands"]
 async fn policies_decide_who_may_call() -> Result<()> {
     let cluster = Cluster::get().await?;
     install(&cluster, &[]).await?;
@@ -567,6 +567,14 @@ async fn invalid_fields(cluster: &Cluster, web: &Pod, batch: &Pod) -> Result<()>
             bail!("Accepted=False of the bad policy does not say {reason:?}: {message}");
         }
     }
+    // `kubectl describe` shows the same reasons as a Warning Event.
+    eventually("a Warning Event on the bad policy", || {
+        let events = cluster.event_messages(
+            NS,
+            "involvedObject.kind=AuthorizationPolicy,involvedObject.name=bad,type=Warning",
+        )?;
+        Ok((!events.contains("Service e2e-authz/missing not found")).then(|| events))
+    })?;
     wait_condition(cluster, "good", "Accepted", "True").await?;
     expect(cluster, web, "GET", "/", 200, None)?;
     expect(cluster, batch, "GET", "/", 403, Some("good"))?;
