@@ -26,14 +26,25 @@ pub struct PolicyObject {
     pub spec: AuthorizationPolicySpec,
 }
 
-/// One policy, compiled or refused with a reason per invalid field.
+/// One policy as the proxies enforce it, with a reason per invalid field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompiledPolicy {
     pub key: Key,
     pub generation: Option<i64>,
-    pub outcome: Result<Policy, Vec<String>>,
+    pub compiled: Compiled,
     /// The targets as one line, for `kubectl get`.
     pub targets: String,
+}
+
+/// What [`compile`] makes of a policy. An invalid policy fails closed on the targets it can
+/// resolve, so that an edit with a typo never opens a workload its valid version closed: an
+/// ALLOW keeps only its valid rules, and a DENY with a rule it cannot read, or a policy whose
+/// action is unknown, admits nothing. A policy with no resolvable target enforces nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compiled {
+    pub enforced: Option<Policy>,
+    /// Every invalid field; empty for a valid policy.
+    pub reasons: Vec<String>,
 }
 
 /// Compiles every policy of the index.
@@ -45,7 +56,7 @@ pub fn compile_all(index: &Index) -> BTreeMap<Key, CompiledPolicy> {
             let compiled = CompiledPolicy {
                 key: k.clone(),
                 generation: object.generation,
-                outcome: compile(index, &k.0, &k.1, &object.spec),
+                compiled: compile(index, &k.0, &k.1, &object.spec),
                 targets: target_summary(&object.spec),
             };
             (k.clone(), compiled)
@@ -74,13 +85,13 @@ fn target_summary(spec: &AuthorizationPolicySpec) -> String {
     }
 }
 
-/// The policy in the data plane's form, or every reason it cannot be.
+/// The policy in the data plane's form, and every reason it is invalid.
 pub fn compile(
     index: &Index,
     namespace: &str,
     name: &str,
     spec: &AuthorizationPolicySpec,
-) -> Result<Policy, Vec<String>> {
+) -> Compiled {
     let mut reasons = Vec::new();
     let action = match spec.action.as_str() {
         "ALLOW" => Some(Action::Allow),
@@ -128,24 +139,30 @@ pub fn compile(
     if spec.target_refs.is_empty() && spec.selector.is_none() {
         selectors.push(BTreeMap::new());
     }
-    let mut rules = Vec::new();
+    let (mut rules, mut unreadable_rule) = (Vec::new(), false);
     for (i, rule) in spec.rules.iter().enumerate() {
         match compile_rule(index, namespace, &format!("spec.rules[{i}]"), rule) {
             Ok(rule) => rules.push(rule),
-            Err(mut why) => reasons.append(&mut why),
+            Err(mut why) => {
+                reasons.append(&mut why);
+                unreadable_rule = true;
+            }
         }
     }
-    match action {
-        Some(action) if reasons.is_empty() => Ok(Policy {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            action,
-            mode,
-            selectors,
-            rules,
-        }),
-        _ => Err(reasons),
-    }
+    let (action, rules) = match action {
+        Some(Action::Allow) => (Action::Allow, rules),
+        Some(Action::Deny) if !unreadable_rule => (Action::Deny, rules),
+        _ => (Action::Allow, Vec::new()),
+    };
+    let enforced = (!selectors.is_empty()).then(|| Policy {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        action,
+        mode,
+        selectors,
+        rules,
+    });
+    Compiled { enforced, reasons }
 }
 
 fn compile_rule(
@@ -354,7 +371,7 @@ pub fn node_authorization(
         policies: policies
             .values()
             .filter(|p| client_namespaces.contains(&p.key.0))
-            .filter_map(|p| p.outcome.as_ref().ok().cloned())
+            .filter_map(|p| p.compiled.enforced.clone())
             .collect(),
         deny_by_default: deny_by_default
             .intersection(client_namespaces)
@@ -377,71 +394,78 @@ pub fn policy_status(
     let cond = |kind: &str, ok: bool, reason: &str, message: &str| {
         condition(kind, ok, reason, message, generation, previous, now)
     };
-    let (accepted, programmed, nodes) = match &compiled.outcome {
-        Err(reasons) => (
-            cond(
-                conditions::ACCEPTED,
-                false,
-                reason::INVALID,
-                &reasons.join("; "),
-            ),
-            cond(
-                conditions::PROGRAMMED,
-                false,
-                reason::INVALID,
-                "not enforced: the policy is not accepted",
-            ),
-            Vec::new(),
-        ),
-        Ok(policy) => {
-            let nodes: Vec<String> = nodes_of(index, policy).into_iter().collect();
-            let lagging: Vec<&String> = nodes
-                .iter()
-                .filter(|node| {
-                    let applied = index.node_configs.get(*node).and_then(|(have, _)| *have);
-                    match (applied, required.get(*node)) {
-                        (Some(have), Some(need)) => have < *need,
-                        _ => true,
-                    }
-                })
-                .collect();
-            let programmed = if nodes.is_empty() {
-                cond(
-                    conditions::PROGRAMMED,
-                    true,
-                    reason::PROGRAMMED,
-                    "no meshed pod selected yet; a node enforces it once it runs one",
-                )
-            } else if lagging.is_empty() {
-                cond(
-                    conditions::PROGRAMMED,
-                    true,
-                    reason::PROGRAMMED,
-                    &format!("enforced on {}", nodes.join(", ")),
-                )
-            } else {
-                let lagging: Vec<&str> = lagging.iter().map(|n| n.as_str()).collect();
-                cond(
-                    conditions::PROGRAMMED,
-                    false,
-                    reason::PENDING,
-                    &format!(
-                        "enforced on {} of {} nodes; not yet applied by {}",
-                        nodes.len() - lagging.len(),
-                        nodes.len(),
-                        lagging.join(", ")
-                    ),
-                )
-            };
-            let accepted = cond(
-                conditions::ACCEPTED,
-                true,
-                reason::ACCEPTED,
-                "the policy is valid",
-            );
-            (accepted, programmed, nodes)
-        }
+    let reasons = &compiled.compiled.reasons;
+    let accepted = if reasons.is_empty() {
+        cond(
+            conditions::ACCEPTED,
+            true,
+            reason::ACCEPTED,
+            "the policy is valid",
+        )
+    } else {
+        cond(
+            conditions::ACCEPTED,
+            false,
+            reason::INVALID,
+            &reasons.join("; "),
+        )
     };
+    let Some(policy) = &compiled.compiled.enforced else {
+        let programmed = cond(
+            conditions::PROGRAMMED,
+            false,
+            reason::INVALID,
+            "not enforced: none of its targets is valid",
+        );
+        return AuthorizationPolicyStatus {
+            observed_generation: generation,
+            target_summary: Some(compiled.targets.clone()),
+            nodes: Vec::new(),
+            conditions: vec![accepted, programmed],
+        };
+    };
+    let nodes: Vec<String> = nodes_of(index, policy).into_iter().collect();
+    let lagging: Vec<&str> = nodes
+        .iter()
+        .filter(|node| {
+            let applied = index.node_configs.get(*node).and_then(|(have, _)| *have);
+            match (applied, required.get(*node)) {
+                (Some(have), Some(need)) => have < *need,
+                _ => true,
+            }
+        })
+        .map(String::as_str)
+        .collect();
+    let (ok, why, mut message) = if nodes.is_empty() {
+        (
+            true,
+            reason::PROGRAMMED,
+            "no meshed pod selected yet; a node enforces it once it runs one".to_owned(),
+        )
+    } else if lagging.is_empty() {
+        (
+            true,
+            reason::PROGRAMMED,
+            format!("enforced on {}", nodes.join(", ")),
+        )
+    } else {
+        (
+            false,
+            reason::PENDING,
+            format!(
+                "enforced on {} of {} nodes; not yet applied by {}",
+                nodes.len() - lagging.len(),
+                nodes.len(),
+                lagging.join(", ")
+            ),
+        )
+    };
+    if !reasons.is_empty() {
+        message.push_str(
+            "; while invalid it fails closed: its invalid rules admit nothing (a DENY with one, or an unknown action, admits no caller at all)",
+        );
+    }
+    let programmed = cond(conditions::PROGRAMMED, ok, why, &message);
     AuthorizationPolicyStatus {
         observed_generation: generation,
         target_summary: Some(compiled.targets.clone()),
@@ -552,8 +576,9 @@ mod tests {
                     rule: "reads".into(),
                 }),
             }]),
-        )
-        .unwrap();
+        );
+        assert!(policy.reasons.is_empty(), "{:?}", policy.reasons);
+        let policy = policy.enforced.unwrap();
         assert_eq!(policy.action, Action::Allow);
         assert_eq!(
             policy.selectors,
@@ -624,7 +649,10 @@ mod tests {
             kind: "Service".into(),
             name: "manual".into(),
         });
-        let reasons = compile(&index(), "shop", "p", &bad).unwrap_err();
+        let Compiled { enforced, reasons } = compile(&index(), "shop", "p", &bad);
+        // Its one valid target stays closed: an unknown action admits nothing.
+        let enforced = enforced.unwrap();
+        assert_eq!((enforced.action, enforced.rules.len()), (Action::Allow, 0));
         let expected = [
             "spec.action: \"PERMIT\" is not ALLOW or DENY",
             "spec.mode: \"DryRun\" is not Enforce or Audit",
@@ -651,16 +679,47 @@ mod tests {
     }
 
     #[test]
+    fn an_invalid_policy_fails_closed_on_the_targets_it_resolves() {
+        let good = AuthorizationRule {
+            sources: vec![source_sa("shop/web")],
+            ..AuthorizationRule::default()
+        };
+        let typo = AuthorizationRule {
+            sources: vec![source_sa("web")],
+            ..AuthorizationRule::default()
+        };
+        let allow = compile(
+            &index(),
+            "shop",
+            "p",
+            &spec(vec![good.clone(), typo.clone()]),
+        );
+        assert_eq!(allow.reasons.len(), 1);
+        let allow = allow.enforced.unwrap();
+        assert_eq!((allow.action, allow.rules.len()), (Action::Allow, 1));
+
+        let mut deny = spec(vec![good.clone(), typo]);
+        deny.action = "DENY".into();
+        let deny = compile(&index(), "shop", "p", &deny).enforced.unwrap();
+        assert_eq!((deny.action, deny.rules.len()), (Action::Allow, 0));
+
+        let mut nowhere = spec(vec![good]);
+        nowhere.target_refs[0].name = "missing".into();
+        let nowhere = compile(&index(), "shop", "p", &nowhere);
+        assert_eq!((nowhere.enforced, nowhere.reasons.len()), (None, 1));
+    }
+
+    #[test]
     fn no_target_is_the_whole_namespace_and_a_selector_adds_pods() {
         let mut s = spec(Vec::new());
         s.target_refs.clear();
-        let all = compile(&index(), "shop", "p", &s).unwrap();
+        let all = compile(&index(), "shop", "p", &s).enforced.unwrap();
         assert_eq!(all.selectors, [BTreeMap::new()]);
         assert_eq!(nodes_of(&index(), &all).len(), 3);
         s.selector = Some(WorkloadSelector {
             match_labels: BTreeMap::from([("app".into(), "web".into())]),
         });
-        let web = compile(&index(), "shop", "p", &s).unwrap();
+        let web = compile(&index(), "shop", "p", &s).enforced.unwrap();
         assert_eq!(
             nodes_of(&index(), &web).into_iter().collect::<Vec<_>>(),
             ["n3"]
@@ -672,13 +731,17 @@ mod tests {
         let index = index();
         let mut policies = BTreeMap::new();
         let good = compile(&index, "shop", "good", &spec(Vec::new()));
-        for (name, outcome) in [("good", good), ("bad", Err(vec!["x".to_owned()]))] {
+        let bad = Compiled {
+            enforced: None,
+            reasons: vec!["x".to_owned()],
+        };
+        for (name, compiled) in [("good", good), ("bad", bad)] {
             policies.insert(
                 key("shop", name),
                 CompiledPolicy {
                     key: key("shop", name),
                     generation: Some(1),
-                    outcome,
+                    compiled,
                     targets: String::new(),
                 },
             );
@@ -698,7 +761,7 @@ mod tests {
         let compiled = CompiledPolicy {
             key: key("shop", "p"),
             generation: Some(2),
-            outcome: compile(&index, "shop", "p", &spec(Vec::new())),
+            compiled: compile(&index, "shop", "p", &spec(Vec::new())),
             targets: "Service/checkout".into(),
         };
         index.node_configs.insert("n1".into(), (Some(5), Some(5)));

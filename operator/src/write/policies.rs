@@ -4,8 +4,8 @@
 
 use aether_crds::AuthorizationPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Resource, ResourceExt};
 use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
 
 use super::{Model, STATUS_WRITES_IN_FLIGHT, Write, WriteError, Writer};
 use crate::authz;

@@ -38,6 +38,8 @@ impl Caller {
 /// select it, found again only when the node's policies change.
 pub struct Callee {
     pod: PodRef,
+    /// The pod's own SPIFFE ID, for the access log.
+    spiffe_id: String,
     labels: BTreeMap<String, String>,
     found: Mutex<Option<Found>>,
 }
@@ -45,9 +47,10 @@ pub struct Callee {
 type Found = (Arc<Authorization>, Arc<Applicable>);
 
 impl Callee {
-    pub fn new(pod: PodRef, labels: BTreeMap<String, String>) -> Self {
+    pub fn new(pod: PodRef, spiffe_id: String, labels: BTreeMap<String, String>) -> Self {
         Callee {
             pod,
+            spiffe_id,
             labels,
             found: Mutex::new(None),
         }
@@ -126,6 +129,7 @@ pub fn decide(
             mode = "enforce",
             policy = %refusal.policy(),
             source_principal = %caller.spiffe_id,
+            destination_principal = %callee.spiffe_id,
             destination_pod = %callee.pod,
             port,
             method,
@@ -142,6 +146,7 @@ pub fn decide(
             mode = "audit",
             policy = %audit.policy(),
             source_principal = %caller.spiffe_id,
+            destination_principal = %callee.spiffe_id,
             destination_pod = %callee.pod,
             port,
             method,

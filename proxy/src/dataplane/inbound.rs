@@ -96,6 +96,7 @@ pub async fn serve(
     let app = Arc::new(App {
         callee: Arc::new(Callee::new(
             pod.pod.clone(),
+            sa.spiffe_id(trust.trust_domain()),
             mesh.workloads.labels(&pod.pod),
         )),
         caller: Arc::new(Caller {

@@ -16,7 +16,7 @@
 //! - An opaque connection (a CONNECT tunnel between the proxies) to a port the policy does not
 //!   allow is refused at setup, and an open one is closed when a new policy denies it.
 //! - Invalid fields get `Accepted=False` with a reason each (and a Warning Event), and leave a
-//!   valid policy in force.
+//!   valid policy in force; a valid policy edited into an invalid one fails closed.
 
 use std::time::{Duration, Instant};
 
@@ -449,7 +449,7 @@ async fn audit_mode(cluster: &Cluster, batch: &Pod, server: &Pod) -> Result<()> 
     let logged = logs.lines().any(|l| {
         l.contains("an audit policy would have denied")
             && l.contains(&format!("spiffe://cluster.local/ns/{NS}/sa/batch"))
-            && l.contains(&format!("{NS}/server"))
+            && l.contains(&format!("spiffe://cluster.local/ns/{NS}/sa/server"))
     });
     if !logged {
         bail!("no audit line with both identities in the proxy's log");
@@ -578,6 +578,17 @@ async fn invalid_fields(cluster: &Cluster, web: &Pod, batch: &Pod) -> Result<()>
     wait_condition(cluster, "good", "Accepted", "True").await?;
     expect(cluster, web, "GET", "/", 200, None)?;
     expect(cluster, batch, "GET", "/", 403, Some("good"))?;
-    eprintln!("invalid fields: each named in Accepted=False; the valid policy stays in force");
+    // An edit with a typo fails closed: the rule it cannot read admits nobody, so the
+    // workload the valid version closed stays closed.
+    let typo = format!(
+        "[{{sources: [{{serviceAccount: {NS}/batch}}]}}, {{sources: [{{serviceAccount: web}}]}}]"
+    );
+    cluster.apply_text(&policy("good", "ALLOW", "Enforce", &typo))?;
+    wait_condition(cluster, "good", "Accepted", "False").await?;
+    expect(cluster, web, "GET", "/", 403, Some("good"))?;
+    expect(cluster, batch, "GET", "/", 200, None)?;
+    eprintln!(
+        "invalid fields: each named in Accepted=False; the valid policy stays in force; a typo fails closed"
+    );
     delete_policies(cluster)
 }
