@@ -573,7 +573,7 @@ async fn invalid_fields(cluster: &Cluster, web: &Pod, batch: &Pod) -> Result<()>
             NS,
             "involvedObject.kind=AuthorizationPolicy,involvedObject.name=bad,type=Warning",
         )?;
-        Ok((!events.contains("Service e2e-authz/missing not found")).then(|| events))
+        Ok((!events.contains("Service e2e-authz/missing not found")).then_some(events))
     })?;
     wait_condition(cluster, "good", "Accepted", "True").await?;
     expect(cluster, web, "GET", "/", 200, None)?;
