@@ -16,7 +16,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::ServiceAccount;
-use crate::route_table::{PathMatch, StringMatch, ValueMatch};
+use crate::route_table::{PathMatch, ValueMatch, ValueMatcher, whole_value_regex};
 
 /// What one node enforces: the policies of the namespaces with meshed pods on it, and which of
 /// those namespaces deny what no ALLOW policy admits.
@@ -282,8 +282,8 @@ struct CompiledRule {
 struct CompiledMatch {
     path: Option<CompiledPath>,
     method: Option<String>,
-    headers: Vec<(String, Matcher)>,
-    query: Vec<(String, Matcher)>,
+    headers: Vec<(String, ValueMatcher)>,
+    query: Vec<(String, ValueMatcher)>,
 }
 
 #[derive(Debug)]
@@ -293,21 +293,6 @@ enum CompiledPath {
     Regex(Regex),
 }
 
-#[derive(Debug)]
-enum Matcher {
-    Exact(String),
-    Regex(Regex),
-}
-
-impl Matcher {
-    fn matches(&self, value: &str) -> bool {
-        match self {
-            Matcher::Exact(exact) => exact == value,
-            Matcher::Regex(re) => re.is_match(value),
-        }
-    }
-}
-
 /// A rule the proxy cannot compile (a regex the operator let through): it fails closed, and
 /// the policy's other rules and the other policies are kept.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -315,11 +300,6 @@ impl Matcher {
 pub struct PolicyError {
     pub policy: String,
     pub reason: String,
-}
-
-/// A regex that must match the whole value, as the Gateway API's RegularExpression does.
-pub fn anchored(pattern: &str) -> Result<Regex, regex::Error> {
-    Regex::new(&format!("^(?:{pattern})$"))
 }
 
 impl PolicySet {
@@ -470,8 +450,9 @@ impl CompiledMatch {
         {
             return false;
         }
-        let header =
-            |(name, m): &(String, Matcher)| head.header_values(name).iter().any(|v| m.matches(v));
+        let header = |(name, m): &(String, ValueMatcher)| {
+            head.header_values(name).iter().any(|v| m.matches(v))
+        };
         if !self.headers.iter().all(header) {
             return false;
         }
@@ -509,15 +490,12 @@ impl CompiledPath {
 }
 
 fn compile(policy: &Policy) -> (Compiled, Vec<String>) {
-    let matcher = |m: &StringMatch| -> Result<Matcher, String> {
-        Ok(match m {
-            StringMatch::Exact(v) => Matcher::Exact(v.clone()),
-            StringMatch::Regex(r) => Matcher::Regex(anchored(r).map_err(|e| e.to_string())?),
-        })
-    };
-    let values = |vs: &[ValueMatch]| -> Result<Vec<(String, Matcher)>, String> {
+    let values = |vs: &[ValueMatch]| -> Result<Vec<(String, ValueMatcher)>, String> {
         vs.iter()
-            .map(|v| Ok((v.name.to_ascii_lowercase(), matcher(&v.value)?)))
+            .map(|v| {
+                let matcher = v.value.compile().map_err(|e| e.to_string())?;
+                Ok((v.name.to_ascii_lowercase(), matcher))
+            })
             .collect()
     };
     let http = |m: &HttpMatch| -> Result<CompiledMatch, String> {
@@ -526,9 +504,9 @@ fn compile(policy: &Policy) -> (Compiled, Vec<String>) {
                 None => None,
                 Some(PathMatch::Exact(p)) => Some(CompiledPath::Exact(p.clone())),
                 Some(PathMatch::Prefix(p)) => Some(CompiledPath::Prefix(p.clone())),
-                Some(PathMatch::Regex(r)) => {
-                    Some(CompiledPath::Regex(anchored(r).map_err(|e| e.to_string())?))
-                }
+                Some(PathMatch::Regex(r)) => Some(CompiledPath::Regex(
+                    whole_value_regex(r).map_err(|e| e.to_string())?,
+                )),
             },
             method: m.method.clone(),
             headers: values(&m.headers)?,
@@ -575,6 +553,7 @@ fn compile(policy: &Policy) -> (Compiled, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route_table::StringMatch;
 
     struct Head {
         method: &'static str,

@@ -86,6 +86,37 @@ pub enum StringMatch {
     Regex(String),
 }
 
+/// A regex that must match the whole value, as the Gateway API's RegularExpression does; the
+/// route engine and authorization both build theirs here.
+pub fn whole_value_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
+    regex::Regex::new(&format!("^(?:{pattern})$"))
+}
+
+/// A [`StringMatch`] ready to test values.
+#[derive(Debug, Clone)]
+pub enum ValueMatcher {
+    Exact(String),
+    Regex(regex::Regex),
+}
+
+impl StringMatch {
+    pub fn compile(&self) -> Result<ValueMatcher, regex::Error> {
+        Ok(match self {
+            StringMatch::Exact(v) => ValueMatcher::Exact(v.clone()),
+            StringMatch::Regex(r) => ValueMatcher::Regex(whole_value_regex(r)?),
+        })
+    }
+}
+
+impl ValueMatcher {
+    pub fn matches(&self, value: &str) -> bool {
+        match self {
+            ValueMatcher::Exact(expected) => expected == value,
+            ValueMatcher::Regex(re) => re.is_match(value),
+        }
+    }
+}
+
 /// What happens to a request one of the rule's entries matched.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

@@ -17,6 +17,7 @@ use crate::filters::{Edits, redirect_location, rewritten_path};
 use crate::request::RequestView;
 use crate::table::{
     BackendTarget, Entry, PathMatch, RouteTable, Rule, RuleSet, ServiceRef, StringMatch, Timeouts,
+    ValueMatcher, whole_value_regex,
 };
 
 /// Maps keyed by configuration strings (paths, namespaces) and looked up by request
@@ -78,23 +79,8 @@ struct PreparedEntry {
     entry: Entry,
     path_regex: Option<Regex>,
     method: Option<Method>,
-    headers: Vec<(HeaderName, Matcher)>,
-    query: Vec<(String, Matcher)>,
-}
-
-#[derive(Debug, Clone)]
-enum Matcher {
-    Exact(String),
-    Regex(Regex),
-}
-
-impl Matcher {
-    fn matches(&self, value: &str) -> bool {
-        match self {
-            Matcher::Exact(expected) => expected == value,
-            Matcher::Regex(re) => re.is_match(value),
-        }
-    }
+    headers: Vec<(HeaderName, ValueMatcher)>,
+    query: Vec<(String, ValueMatcher)>,
 }
 
 #[derive(Debug, Clone)]
@@ -221,17 +207,15 @@ impl Router {
 
 impl RuleSetRouter {
     fn new(port: u16, set: &RuleSet) -> Result<Self, TableError> {
-        let regex = |pattern: &str| {
-            Regex::new(&format!("^(?:{pattern})$")).map_err(|e| TableError::InvalidRegex {
-                port,
-                pattern: pattern.to_owned(),
-                message: e.to_string(),
-            })
+        let invalid = |pattern: &str, e: regex::Error| TableError::InvalidRegex {
+            port,
+            pattern: pattern.to_owned(),
+            message: e.to_string(),
         };
+        let regex = |pattern: &str| whole_value_regex(pattern).map_err(|e| invalid(pattern, e));
         let matcher = |m: &StringMatch| {
-            Ok(match m {
-                StringMatch::Exact(v) => Matcher::Exact(v.clone()),
-                StringMatch::Regex(r) => Matcher::Regex(regex(r)?),
+            m.compile().map_err(|e| match m {
+                StringMatch::Regex(r) | StringMatch::Exact(r) => invalid(r, e),
             })
         };
         let mut router = RuleSetRouter {

@@ -71,8 +71,7 @@ fn push(compiled: &mut CompiledRoute, rule: Rule, mut entries: Vec<RankedEntry>)
 }
 
 fn anchored_regex(rule: usize, pattern: &str) -> Result<String, RuleError> {
-    let anchored = format!("^(?:{pattern})$");
-    regex::Regex::new(&anchored).map_err(|e| RuleError::InvalidRegex {
+    aether_core::route_table::whole_value_regex(pattern).map_err(|e| RuleError::InvalidRegex {
         rule,
         pattern: pattern.to_owned(),
         message: e.to_string(),
