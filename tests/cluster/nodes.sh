@@ -221,17 +221,20 @@ make_cgroups() {
 # kill_node NODE: every process in the node's cgroups (its containerd, kubelet, shims and
 # containers), frozen first so that none can fork meanwhile; then the cgroups themselves.
 kill_node() {
-    local node="$1" list="$AETHER_NODES_DIR/$1/cgroups" cg freezer="" pid
+    local node="$1" list="$AETHER_NODES_DIR/$1/cgroups" cg freezers pid
     [ -f "$list" ] || return 0
-    freezer="$(grep '/freezer/' "$list" || true)"
-    [ -n "$freezer" ] && [ -d "$freezer" ] && echo FROZEN > "$freezer/freezer.state"
+    # The list names the cgroups of the node's last start; a start from a shell in another
+    # cgroup made them under that one, so earlier starts' cgroups are found by name.
+    find /sys/fs/cgroup -maxdepth 6 -type d -name "aether-$node" 2>/dev/null | sort -u - "$list" -o "$list"
+    freezers="$(grep '/freezer/' "$list" || true)"
+    for cg in $freezers; do [ -d "$cg" ] && echo FROZEN > "$cg/freezer.state"; done
     while read -r cg; do
         [ -d "$cg" ] || continue
         find "$cg" -name tasks -exec cat {} + 2>/dev/null | while read -r pid; do
             kill -KILL "$pid" 2>/dev/null || true
         done
     done < "$list"
-    [ -n "$freezer" ] && [ -d "$freezer" ] && echo THAWED > "$freezer/freezer.state"
+    for cg in $freezers; do [ -d "$cg" ] && echo THAWED > "$cg/freezer.state"; done
     local left
     for _ in $(seq 100); do
         left="$(while read -r cg; do [ -d "$cg" ] && find "$cg" -name tasks -exec cat {} + 2>/dev/null; done < "$list")"
@@ -318,6 +321,11 @@ cmd_down() {
         node="$(basename "$dir")"
         kill_node "$node"
         rm -f "$RUN/$node".pid "$RUN/$node".images "$RUN/$node"-*.pid "$RUN/$node"-*.hold
+    done
+    # Cgroups no node's list names any more (a run killed after its state went): those
+    # without processes go; one with processes stays, and down.sh names it.
+    find /sys/fs/cgroup -maxdepth 6 -type d -name 'aether-node-*' 2>/dev/null | while read -r cg; do
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
     done
     # The mount points made for the nodes go too; one that cannot (something wrote into it
     # on the machine) stays listed, and down.sh names it.
