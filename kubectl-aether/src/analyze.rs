@@ -25,6 +25,8 @@ pub struct ConditionFacts {
 pub struct TargetFacts {
     /// `namespace/name`.
     pub name: String,
+    /// Derived from Gateway API routes: its conditions are the routes' own, reported there.
+    pub derived: bool,
     pub conditions: Vec<ConditionFacts>,
     pub backends: Vec<BackendFacts>,
 }
@@ -34,8 +36,8 @@ pub struct BackendFacts {
     /// `namespace/service:port`.
     pub name: String,
     pub ready_endpoints: i32,
-    /// SPIFFE IDs of the meshed pods serving it.
-    pub identities: usize,
+    /// Ready endpoints whose pod a node's proxy captures.
+    pub meshed_endpoints: usize,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -93,7 +95,16 @@ pub fn analyze(inventory: &Inventory) -> Vec<Problem> {
     }
     for target in &inventory.route_targets {
         let object = format!("RouteTarget {}", target.name);
-        for c in &target.conditions {
+        let refused = target
+            .conditions
+            .iter()
+            .any(|c| c.kind == "Accepted" && c.status != "True");
+        // A refused target's other conditions only repeat why.
+        let conditions = target
+            .conditions
+            .iter()
+            .filter(|c| !target.derived && (!refused || c.kind == "Accepted"));
+        for c in conditions {
             match (c.kind.as_str(), c.status.as_str()) {
                 (_, "True") | ("Programmed", _) => {}
                 ("Accepted", _) if c.reason == "Conflicted" => problems.push(problem(
@@ -112,7 +123,7 @@ pub fn analyze(inventory: &Inventory) -> Vec<Problem> {
             }
         }
         for backend in &target.backends {
-            if backend.ready_endpoints > 0 && backend.identities == 0 {
+            if backend.ready_endpoints > 0 && backend.meshed_endpoints == 0 {
                 problems.push(problem(
                     &object,
                     format!(
@@ -150,11 +161,12 @@ mod tests {
         let inventory = Inventory {
             route_targets: vec![TargetFacts {
                 name: "shop/web".into(),
+                derived: true,
                 conditions: vec![accepted("True", "Accepted")],
                 backends: vec![BackendFacts {
                     name: "shop/web:80".into(),
                     ready_endpoints: 2,
-                    identities: 1,
+                    meshed_endpoints: 1,
                 }],
             }],
             routes: vec![
@@ -183,21 +195,38 @@ mod tests {
             route_targets: vec![
                 TargetFacts {
                     name: "shop/a".into(),
-                    conditions: vec![accepted("False", "Conflicted")],
+                    derived: false,
+                    conditions: vec![
+                        accepted("False", "Conflicted"),
+                        ConditionFacts {
+                            kind: "ResolvedRefs".into(),
+                            status: "False".into(),
+                            reason: "Conflicted".into(),
+                            message: "repeated".into(),
+                        },
+                    ],
                     backends: vec![BackendFacts {
                         name: "legacy/db:5432".into(),
                         ready_endpoints: 1,
-                        identities: 0,
+                        meshed_endpoints: 0,
                     }],
                 },
                 TargetFacts {
                     name: "shop/b".into(),
+                    derived: false,
                     conditions: vec![ConditionFacts {
                         kind: "ResolvedRefs".into(),
                         status: "False".into(),
                         reason: "BackendNotFound".into(),
                         message: "shop/gone".into(),
                     }],
+                    backends: Vec::new(),
+                },
+                // The route reports what its derived target would.
+                TargetFacts {
+                    name: "shop/missing".into(),
+                    derived: true,
+                    conditions: vec![accepted("False", "ServiceNotFound")],
                     backends: Vec::new(),
                 },
             ],

@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aether_core::meshing::namespace_is_managed;
-use aether_core::names::CONTROLLER_NAME;
+use aether_core::names::{CONTROLLER_NAME, DERIVED_LABEL};
 use aether_crds::{NodeConfig, RouteTarget};
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -195,29 +196,37 @@ const CAPTURE_REPORT_GRACE: i64 = 30;
 /// The objects `analyze` judges: RouteTargets, the mesh's routes, and meshed pods no proxy
 /// reports capturing.
 pub async fn inventory(client: &Client) -> Result<Inventory> {
-    let route_targets = Api::<RouteTarget>::all(client.clone())
+    let captured: BTreeSet<String> = Api::<NodeConfig>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("cannot list NodeConfigs")?
+        .items
+        .into_iter()
+        .flat_map(|c| c.status.map(|s| s.captured_pods).unwrap_or_default())
+        .collect();
+    let mut route_targets = Vec::new();
+    for rt in Api::<RouteTarget>::all(client.clone())
         .list(&ListParams::default())
         .await
         .context("cannot list RouteTargets")?
-        .items
-        .into_iter()
-        .map(|rt| {
-            let status = rt.status.clone().unwrap_or_default();
-            TargetFacts {
-                name: format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any()),
-                conditions: status.conditions.iter().map(condition_facts).collect(),
-                backends: status
-                    .backends
-                    .iter()
-                    .map(|b| BackendFacts {
-                        name: format!("{}/{}:{}", b.namespace, b.service, b.port),
-                        ready_endpoints: b.ready_endpoints,
-                        identities: b.identities.len(),
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
+    {
+        let status = rt.status.clone().unwrap_or_default();
+        let mut backends = Vec::new();
+        for b in &status.backends {
+            backends.push(BackendFacts {
+                name: format!("{}/{}:{}", b.namespace, b.service, b.port),
+                ready_endpoints: b.ready_endpoints,
+                meshed_endpoints: meshed_endpoints(client, &b.namespace, &b.service, &captured)
+                    .await?,
+            });
+        }
+        route_targets.push(TargetFacts {
+            name: format!("{}/{}", rt.namespace().unwrap_or_default(), rt.name_any()),
+            derived: rt.labels().get(DERIVED_LABEL).is_some_and(|v| v == "true"),
+            conditions: status.conditions.iter().map(condition_facts).collect(),
+            backends,
+        });
+    }
     let mut routes = Vec::new();
     for kind in ["HTTPRoute", "GRPCRoute"] {
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -239,14 +248,6 @@ pub async fn inventory(client: &Client) -> Result<Inventory> {
         .iter()
         .filter(|ns| namespace_is_managed(ns.labels()))
         .map(ResourceExt::name_any)
-        .collect();
-    let captured: BTreeSet<String> = Api::<NodeConfig>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("cannot list NodeConfigs")?
-        .items
-        .into_iter()
-        .flat_map(|c| c.status.map(|s| s.captured_pods).unwrap_or_default())
         .collect();
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut uncaptured_pods = Vec::new();
@@ -277,6 +278,35 @@ pub async fn inventory(client: &Client) -> Result<Inventory> {
         routes,
         uncaptured_pods,
     })
+}
+
+/// How many ready endpoints of the Service are pods a node's proxy captures (`captured`).
+async fn meshed_endpoints(
+    client: &Client,
+    namespace: &str,
+    service: &str,
+    captured: &BTreeSet<String>,
+) -> Result<usize> {
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .with_context(|| format!("cannot list the EndpointSlices of {namespace}/{service}"))?;
+    Ok(slices
+        .items
+        .iter()
+        .flat_map(|slice| slice.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .filter_map(|e| e.target_ref.as_ref())
+        .filter(|r| r.kind.as_deref() == Some("Pod"))
+        .filter(|r| {
+            let pod = format!(
+                "{}/{}",
+                r.namespace.as_deref().unwrap_or(namespace),
+                r.name.as_deref().unwrap_or_default()
+            );
+            captured.contains(&pod)
+        })
+        .count())
 }
 
 fn condition_facts(c: &Condition) -> ConditionFacts {
