@@ -133,6 +133,8 @@ pub struct Rule {
     pub backends: Vec<Backend>,
     #[serde(default, skip_serializing_if = "Timeouts::is_empty")]
     pub timeouts: Timeouts,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -298,6 +300,18 @@ pub struct Timeouts {
     /// One attempt at a backend, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_request_ms: Option<u64>,
+}
+
+/// A rule's retries of failed backend attempts: connection failures always, responses whose
+/// status is in `codes`; at most `attempts` after the first, waiting `backoff_ms` before the
+/// first retry and doubling it for each next one.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Retry {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub codes: Vec<u16>,
+    pub attempts: u32,
+    pub backoff_ms: u64,
 }
 
 impl Timeouts {

@@ -60,6 +60,10 @@ pub struct HttpRouteRule {
     /// Request and per-backend-attempt timeouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<HttpRouteTimeouts>,
+
+    /// Retries of failed backend attempts (Gateway API experimental channel, GEP-1731).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<HttpRouteRetry>,
 }
 
 /// All conditions of one match must hold (they are ANDed).
@@ -407,4 +411,24 @@ pub struct HttpRouteTimeouts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(DURATION_PATTERN))]
     pub backend_request: Option<String>,
+}
+
+/// When and how often a failed backend attempt is tried again. A connection failure (refused,
+/// reset, or an attempt past `timeouts.backendRequest`) is retried whenever a rule has a
+/// `retry`; a response only when its status is in `codes`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteRetry {
+    /// Response statuses to retry (400-599).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), inner(range(min = 400, max = 599)))]
+    pub codes: Option<Vec<i64>>,
+    /// Retries after the first attempt (at most 10); 2 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub attempts: Option<i64>,
+    /// The least wait before a retry, doubling with each one; 25ms when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub backoff: Option<String>,
 }

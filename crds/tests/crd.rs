@@ -108,6 +108,11 @@ fn a_valid_target_passes_every_rule() {
             request: Some("10s".into()),
             backend_request: Some("2s".into()),
         }),
+        retry: Some(HttpRouteRetry {
+            codes: Some(vec![503]),
+            attempts: Some(3),
+            backoff: Some("100ms".into()),
+        }),
     }]);
     validate_cel(&rt).expect("valid RouteTarget");
 }

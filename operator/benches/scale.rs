@@ -16,7 +16,7 @@ use aether_e2e::Cluster;
 use aether_routing::table::BackendTarget;
 use anyhow::{Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -307,11 +307,7 @@ async fn main() -> Result<()> {
     let cluster = Cluster::get().await?;
     let client = cluster.client.clone();
     cluster.apply(&cluster.paths.repo.join("charts/aether/crds"))?;
-    cluster.apply(
-        &aether_test_support::upstream::release()?
-            .api
-            .join("config/crd/standard"),
-    )?;
+    cluster.apply_kustomization(&aether_test_support::upstream::release()?.crds())?;
     // A run that failed half way leaves its objects; they would be measured with this one's.
     remove_bench_objects(&client).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());

@@ -11,8 +11,8 @@ use aether_core::service;
 use aether_crds::pods;
 use aether_crds::{NodeConfig, RouteTarget, slices};
 use aether_routing::{RouteSource, ServiceInfo, ServiceKind, ServicePort};
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 

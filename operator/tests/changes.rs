@@ -8,7 +8,7 @@ use aether_crds::{NodeConfig, RouteTarget};
 use aether_e2e::Cluster;
 use anyhow::Result;
 use common::{MESH, condition, eventually, route_condition, setup, start};
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, DeleteParams, PostParams};
 

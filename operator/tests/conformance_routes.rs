@@ -11,8 +11,8 @@ use aether_e2e::Cluster;
 use aether_test_support::upstream;
 use anyhow::Result;
 use common::{eventually, setup, start};
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 use kube::api::Api;
 use serde_json::Value;
 

@@ -9,7 +9,7 @@ use aether_e2e::Cluster;
 use aether_test_support::upstream;
 use anyhow::{Context, Result};
 use common::{MESH, condition, eventually, route_condition, setup, start};
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;

@@ -11,7 +11,7 @@ use aether_operator::node_config::identity_map;
 use aether_operator::node_config::{Shared, node_config};
 use aether_operator::status::{Required, route_parents, route_target_status};
 use aether_operator::targets::compile_all;
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use aether_routing::{
     Outcome, RequestView, RouteSource, Router, ServiceInfo, ServiceKind, ServicePort, compile,
 };
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};

@@ -117,6 +117,14 @@ pub struct AuthzLabels {
     pub mode: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    /// The route, `Kind/namespace/name`.
+    pub route: String,
+    /// `retried`, or `budget_exhausted` (a retry the route's retry budget refused).
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -132,6 +140,8 @@ pub struct Metrics {
     failures: Family<FailureLabels, Counter>,
     over_limit: Family<LimitLabels, Counter>,
     authz: Family<AuthzLabels, Counter>,
+    retries: Family<RetryLabels, Counter>,
+    ejections: Counter,
     pub captured_pods: Gauge,
     pub config_generation: Gauge,
 }
@@ -158,6 +168,8 @@ impl Metrics {
         let failures = Family::<FailureLabels, Counter>::default();
         let over_limit = Family::<LimitLabels, Counter>::default();
         let authz = Family::<AuthzLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
+        let ejections = Counter::default();
         let captured_pods = Gauge::default();
         let config_generation = Gauge::default();
         registry.register(
@@ -215,6 +227,16 @@ impl Metrics {
             "Authorization decisions on mesh requests and connections to pods an AuthorizationPolicy selects, by deciding policy, decision and mode (audit: what an audit policy would have refused)",
             authz.clone(),
         );
+        registry.register(
+            "retries",
+            "Backend attempts retried under a route rule's retry, by route and outcome (retried; budget_exhausted: refused by the route's retry budget)",
+            retries.clone(),
+        );
+        registry.register(
+            "endpoint_ejections",
+            "Endpoints left out of load balancing for a while after failing in a row (passive health)",
+            ejections.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -255,6 +277,8 @@ impl Metrics {
             failures,
             over_limit,
             authz,
+            retries,
+            ejections,
             captured_pods,
             config_generation,
         }
@@ -278,6 +302,21 @@ impl Metrics {
                 mode,
             })
             .inc();
+    }
+
+    pub fn retry(&self, route: String, retried: bool) {
+        let outcome = if retried {
+            "retried"
+        } else {
+            "budget_exhausted"
+        };
+        self.retries
+            .get_or_create(&RetryLabels { route, outcome })
+            .inc();
+    }
+
+    pub fn endpoint_ejected(&self) {
+        self.ejections.inc();
     }
 
     pub fn handshake(&self, side: &'static str, ok: bool) {

@@ -8,7 +8,7 @@ use aether_routing::{
     Outcome, RequestView, RouteSource, Router, ServiceInfo, ServiceKind, ServicePort, compile,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 
 const NS: &str = "bench";
 const RULES: usize = 1_000;

@@ -3,11 +3,11 @@
 
 use aether_crds::RouteTarget;
 use aether_crds::http::HttpRouteRule;
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::grpcroutes::{
     GrpcRoute, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
     GrpcRouteRulesMatchesMethodType,
 };
-use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::source::{GrpcHeaderMatch, GrpcMatch, GrpcRule, ParentRef, RouteRules, RouteSource};

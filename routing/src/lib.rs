@@ -16,6 +16,7 @@ pub mod fuzzing;
 mod gateway;
 pub mod protocol;
 mod request;
+pub mod retry;
 mod router;
 mod rules;
 mod source;

@@ -301,6 +301,7 @@ fn http_rule(
             services,
         )?,
         timeouts: timeouts(index, spec.timeouts.as_ref())?,
+        retry: crate::retry::compile_retry(index, spec.retry.as_ref())?,
     })
 }
 
@@ -325,6 +326,7 @@ fn grpc_rule(
         filters,
         backends: backends(index, &spec.backend_refs, namespace, services)?,
         timeouts: Timeouts::default(),
+        retry: None,
     })
 }
 

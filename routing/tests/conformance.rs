@@ -12,8 +12,8 @@ use aether_routing::{
 };
 use aether_test_support::cases::{Case, Cases, Request, Test, Weighted};
 use aether_test_support::upstream::{self, Release};
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 use http::HeaderMap;
 use serde_json::Value;
 

@@ -5,8 +5,8 @@ use aether_routing::{
     Outcome, RequestView, RouteSource, RouteTable, Router, ServiceInfo, ServiceKind, ServicePort,
     compile,
 };
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 
 const NS: &str = "mesh";
 

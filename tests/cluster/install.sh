@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs aether into the running local cluster (up.sh) from this repository's chart: the
-# standard-channel Gateway API CRDs of the release tests/gateway-conformance/go.mod pins (the
-# operator's watch caches, and so its readiness, need them), then `helm upgrade --install` of
+# experimental-channel Gateway API CRDs of the release tests/gateway-conformance/go.mod pins (the
+# operator's watch caches, and so its readiness, need them; HTTPRoute `retry` and `CORS` are
+# only in that channel), then `helm upgrade --install` of
 # the release `aether` into the namespace aether-system (created if missing); waits until
 # the operator Deployment is Available.
 # Idempotent: run again, it upgrades the release to the chart as it is now. Arguments go to
@@ -20,9 +21,10 @@ kubectl() { "$AETHER_BIN/kubectl" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }
 helm() { "$AETHER_BIN/helm" --kubeconfig "$AETHER_KUBECONFIG" "$@"; }
 
 started=$SECONDS
-# The standard channel of the Gateway API release the project tests against.
+# The experimental channel (a superset of the standard one) of the Gateway API release the
+# project tests against; tests/support's Release::crds names the same directory.
 gateway_api="$(gateway_api_dir sigs.k8s.io/gateway-api)"
-kubectl apply --server-side --force-conflicts -f "$gateway_api/config/crd/standard" >/dev/null
+kubectl apply --server-side --force-conflicts -k "$gateway_api/config/crd/experimental" >/dev/null
 # helm installs a chart's CRDs only when they are missing; applying them first also brings an
 # upgraded cluster's aether CRDs up to date.
 kubectl apply --server-side --force-conflicts -f "$here/../../charts/aether/crds" >/dev/null

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use aether_crds::route_status::{self, ExistingParent, RouteParentStatus};
+use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::grpcroutes::GrpcRoute;
-use gateway_api::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};

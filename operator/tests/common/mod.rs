@@ -13,7 +13,7 @@ use aether_operator::controller::{self, Config};
 use aether_operator::metrics::Metrics;
 use aether_test_support::upstream;
 use anyhow::{Result, bail};
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use tokio::sync::watch;
@@ -26,7 +26,7 @@ pub async fn setup(cluster: &Cluster) -> Result<kube::Client> {
     let repo = &cluster.paths.repo;
     let release = upstream::release()?;
     cluster.apply(&repo.join("charts/aether/crds"))?;
-    cluster.apply(&release.api.join("config/crd/standard"))?;
+    cluster.apply_kustomization(&release.crds())?;
     cluster.kubectl(&[
         "wait",
         "--for=condition=Established",

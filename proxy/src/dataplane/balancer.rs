@@ -1,6 +1,11 @@
 //! Endpoint choice: power of two choices over a peak-sensitive EWMA of response latency,
 //! weighted by requests in flight (the cost Finagle and linkerd use). Cheap per request, and
 //! it steers away from a slow or overloaded pod without any global coordination.
+//!
+//! Passive health (outlier ejection, as Envoy's consecutive gateway failures): an endpoint
+//! that fails [`EJECT_AFTER`] times in a row (connection failures, or 502/503/504 answers) is
+//! left out of the choice for a while, longer each time it is ejected again. When every
+//! candidate is ejected they are all chosen from again: ejection never empties a Service.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,6 +20,12 @@ const DECAY: Duration = Duration::from_secs(10);
 const DEFAULT_RTT_NS: u64 = 1_000_000;
 /// The latency a failed request counts as.
 const FAILURE_PENALTY: Duration = Duration::from_secs(1);
+/// Failures in a row that eject an endpoint.
+pub const EJECT_AFTER: u32 = 5;
+/// How long a first ejection lasts; the n-th in a row lasts n times as long, up to
+/// [`MAX_EJECTION`].
+pub const BASE_EJECTION: Duration = Duration::from_secs(30);
+const MAX_EJECTION: Duration = Duration::from_secs(300);
 
 /// Latency and load of every endpoint this proxy sends to.
 #[derive(Debug, Default)]
@@ -28,6 +39,12 @@ pub struct EndpointStats {
     /// When `ewma_ns` was last updated, in ns since `epoch`.
     stamp_ns: AtomicU64,
     in_flight: AtomicU32,
+    /// Failures since the last success.
+    failures_in_a_row: AtomicU32,
+    /// Ejections since the last success: each lasts longer.
+    ejections: AtomicU32,
+    /// Until when the endpoint is ejected, in ns since `epoch`; 0 when it is not.
+    ejected_until_ns: AtomicU64,
     epoch: Instant,
 }
 
@@ -37,8 +54,44 @@ impl EndpointStats {
             ewma_ns: AtomicU64::new(DEFAULT_RTT_NS),
             stamp_ns: AtomicU64::new(0),
             in_flight: AtomicU32::new(0),
+            failures_in_a_row: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until_ns: AtomicU64::new(0),
             epoch: Instant::now(),
         }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub fn ejected(&self) -> bool {
+        self.ejected_until_ns.load(Ordering::Relaxed) > self.now_ns()
+    }
+
+    fn succeeded(&self) {
+        self.failures_in_a_row.store(0, Ordering::Relaxed);
+        self.ejections.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts one failure; returns how long the endpoint is ejected when this one ejects it.
+    /// Failures while ejected (requests that were under way) do not count.
+    fn failed(&self) -> Option<Duration> {
+        if self.ejected() {
+            return None;
+        }
+        let in_a_row = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row < EJECT_AFTER {
+            return None;
+        }
+        self.failures_in_a_row.store(0, Ordering::Relaxed);
+        let times = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let duration = BASE_EJECTION.saturating_mul(times).min(MAX_EJECTION);
+        self.ejected_until_ns.store(
+            self.now_ns() + duration.as_nanos() as u64,
+            Ordering::Relaxed,
+        );
+        Some(duration)
     }
 
     /// The cost of sending one more request here. The latency estimate decays with the time
@@ -78,15 +131,26 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// The endpoint answered.
     pub fn finish(self) {
         self.stats.observe(self.started.elapsed());
+        self.stats.succeeded();
+    }
+
+    /// The endpoint answered 502, 503 or 504: its latency counts as any answer's, and the
+    /// answer as a failure towards ejection. Returns the ejection this one caused, if any.
+    pub fn finish_unavailable(self) -> Option<Duration> {
+        self.stats.observe(self.started.elapsed());
+        self.stats.failed()
     }
 
     /// The endpoint failed (unreachable, refused, wrong identity): it counts as very slow, so
-    /// traffic moves to the others until the penalty decays.
-    pub fn fail(self) {
+    /// traffic moves to the others until the penalty decays, and as a failure towards
+    /// ejection. Returns the ejection this one caused, if any.
+    pub fn fail(self) -> Option<Duration> {
         self.stats
             .observe(self.started.elapsed().max(FAILURE_PENALTY));
+        self.stats.failed()
     }
 }
 
@@ -107,22 +171,46 @@ impl Balancer {
             .clone()
     }
 
-    /// Chooses one of `candidates` (by index) with two random draws from `random`.
+    /// Chooses one of `candidates` (by index) with two random draws from `random`, leaving
+    /// ejected ones out unless all are.
     pub fn pick<T>(
         &self,
         candidates: &[T],
         addr: impl Fn(&T) -> SocketAddr,
         random: u64,
     ) -> Option<usize> {
+        let stats = |i: usize| self.stats(addr(&candidates[i]));
+        let cheaper = |a: usize, b: usize| {
+            if stats(b).cost() < stats(a).cost() {
+                b
+            } else {
+                a
+            }
+        };
         match candidates.len() {
             0 => None,
             1 => Some(0),
             n => {
                 let (a, b) = two_distinct(n, random);
-                let cost = |i: usize| self.stats(addr(&candidates[i])).cost();
-                Some(if cost(b) < cost(a) { b } else { a })
+                if !stats(a).ejected() && !stats(b).ejected() {
+                    return Some(cheaper(a, b));
+                }
+                let healthy: Vec<usize> = (0..n).filter(|i| !stats(*i).ejected()).collect();
+                Some(match healthy.len() {
+                    0 => cheaper(a, b),
+                    1 => healthy[0],
+                    m => {
+                        let (x, y) = two_distinct(m, random);
+                        cheaper(healthy[x], healthy[y])
+                    }
+                })
             }
         }
+    }
+
+    /// How many known endpoints are ejected now.
+    pub fn ejected(&self) -> usize {
+        self.read().values().filter(|s| s.ejected()).count()
     }
 
     /// Marks a request to `addr` as started.
@@ -219,6 +307,57 @@ mod tests {
         balancer.start(addr(2)).finish();
         for random in 0..100 {
             assert_eq!(balancer.pick(&endpoints, |a| *a, random), Some(1));
+        }
+    }
+
+    #[test]
+    fn an_endpoint_failing_in_a_row_is_ejected_and_a_success_resets_the_count() {
+        let balancer = Balancer::default();
+        let endpoints = [addr(1), addr(2), addr(3)];
+        for _ in 0..EJECT_AFTER - 1 {
+            assert_eq!(balancer.start(addr(1)).fail(), None);
+        }
+        balancer.start(addr(1)).finish();
+        for _ in 0..EJECT_AFTER - 1 {
+            assert_eq!(balancer.start(addr(1)).finish_unavailable(), None);
+        }
+        assert!(!balancer.stats(addr(1)).ejected());
+        assert_eq!(
+            balancer.start(addr(1)).finish_unavailable(),
+            Some(BASE_EJECTION)
+        );
+        assert_eq!(balancer.ejected(), 1);
+        // Even when its latency looks best, an ejected endpoint is not chosen.
+        balancer.stats(addr(2)).observe(Duration::from_millis(50));
+        balancer.stats(addr(3)).observe(Duration::from_millis(50));
+        for random in 0..200 {
+            assert_ne!(balancer.pick(&endpoints, |a| *a, random), Some(0));
+        }
+    }
+
+    #[test]
+    fn ejections_grow_and_never_empty_a_service() {
+        let balancer = Balancer::default();
+        let endpoints = [addr(1), addr(2)];
+        let eject = |a| {
+            let mut ejected = None;
+            for _ in 0..EJECT_AFTER {
+                ejected = balancer.start(a).fail();
+            }
+            ejected
+        };
+        assert_eq!(eject(addr(1)), Some(BASE_EJECTION));
+        // Ejected already: further failures do not extend it.
+        assert_eq!(eject(addr(1)), None);
+        balancer
+            .stats(addr(1))
+            .ejected_until_ns
+            .store(0, Ordering::Relaxed);
+        assert_eq!(eject(addr(1)), Some(BASE_EJECTION * 2));
+        assert_eq!(eject(addr(2)), Some(BASE_EJECTION));
+        assert_eq!(balancer.ejected(), 2);
+        for random in 0..20 {
+            assert!(balancer.pick(&endpoints, |a| *a, random).is_some());
         }
     }
 

@@ -91,6 +91,20 @@ impl Error {
         }
     }
 
+    /// Whether another attempt, at the same or another endpoint, may succeed where this one
+    /// failed: the connection failures GEP-1731 says to retry (refused, reset, timed out).
+    /// A wrong peer identity or a bad request fails the same way again.
+    pub fn retriable(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::ConnectTimeout(_)
+                | Error::Connect { .. }
+                | Error::Handshake { .. }
+                | Error::Request { .. }
+        )
+    }
+
     /// The metric label: a few values, stable across releases.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -88,6 +88,74 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
+/// A request body either held whole in memory, so it can be sent more than once (to
+/// mirrors, to a retry), or on its way as it came.
+pub enum Replay {
+    Whole(Bytes),
+    Streaming(Body),
+}
+
+impl Replay {
+    pub fn body(&self) -> Option<Body> {
+        match self {
+            Replay::Whole(bytes) => Some(full(bytes.clone())),
+            Replay::Streaming(_) => None,
+        }
+    }
+
+    pub fn into_body(self) -> Body {
+        match self {
+            Replay::Whole(bytes) => full(bytes),
+            Replay::Streaming(body) => body,
+        }
+    }
+}
+
+/// Reads `body` into memory when it ends within `limit` bytes. A longer body, one with
+/// trailers, or one whose read fails comes back streaming, what was read so far first, so
+/// nothing of it is lost.
+pub async fn read_up_to(mut body: Incoming, limit: usize) -> Replay {
+    use hyper::body::Body as _;
+    if body.is_end_stream() {
+        return Replay::Whole(Bytes::new());
+    }
+    let mut read: Vec<Result<hyper::body::Frame<Bytes>, BoxError>> = Vec::new();
+    let mut total = 0;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => {
+                let whole = frame.data_ref().is_some_and(|data| {
+                    total += data.len();
+                    total <= limit
+                });
+                read.push(Ok(frame));
+                if !whole {
+                    return streaming(read, body);
+                }
+            }
+            Some(Err(e)) => {
+                read.push(Err(e.into()));
+                return streaming(read, body);
+            }
+        }
+    }
+    let mut bytes = Vec::with_capacity(total);
+    for frame in read.into_iter().flatten() {
+        if let Ok(data) = frame.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Replay::Whole(bytes.into())
+}
+
+fn streaming(read: Vec<Result<hyper::body::Frame<Bytes>, BoxError>>, rest: Incoming) -> Replay {
+    use futures::StreamExt;
+    let rest = http_body_util::BodyStream::new(rest.map_err(BoxError::from));
+    let stream = futures::stream::iter(read).chain(rest);
+    Replay::Streaming(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
+}
+
 /// An answer of the proxy itself (no backend involved), with the reason in the body.
 pub fn answer(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     let mut text = message.into();

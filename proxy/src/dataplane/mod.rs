@@ -14,7 +14,9 @@
 //! - [`error`]: why a request or connection was not carried, its status code and metric label.
 //! - [`snapshot`]: the routes, endpoints and identities the data plane reads, rebuilt by a pure
 //!   function after each change of the cluster.
-//! - [`balancer`]: endpoint choice (power of two choices over EWMA latency).
+//! - [`balancer`]: endpoint choice (power of two choices over EWMA latency) and passive
+//!   health (outlier ejection).
+//! - [`retry_budgets`]: how many retries each route rule may still make.
 
 pub mod authz;
 pub mod balancer;
@@ -25,6 +27,7 @@ pub mod http;
 pub mod inbound;
 pub mod outbound;
 pub mod probe;
+pub mod retry_budgets;
 pub mod snapshot;
 
 use std::collections::HashMap;
@@ -173,6 +176,7 @@ pub struct Mesh {
 pub struct DataPlane {
     mesh: Option<Arc<Mesh>>,
     balancer: Balancer,
+    retry_budgets: retry_budgets::RetryBudgets,
     stats: ForwardStats,
     /// Connections made from each local pod, by its network namespace.
     clients: Mutex<HashMap<Netns, Arc<PodClients>>>,
@@ -183,6 +187,7 @@ impl DataPlane {
         Arc::new(DataPlane {
             mesh: mesh.map(Arc::new),
             balancer: Balancer::default(),
+            retry_budgets: retry_budgets::RetryBudgets::default(),
             stats: ForwardStats::default(),
             clients: Mutex::default(),
         })

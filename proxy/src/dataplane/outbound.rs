@@ -14,15 +14,16 @@ use std::time::{Duration, Instant};
 
 use ::http::header::{self, HeaderValue};
 use ::http::{Method, Request, Response, StatusCode, Version};
+use aether_routing::retry::{backoff as retry_backoff, retries_status};
 use aether_routing::table::ServiceRef;
 use aether_routing::{Outcome, PortProtocol, RequestView, Sniffed, sniff};
-use http_body_util::BodyExt;
 use hyper::body::{Bytes, Incoming};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::balancer::EJECT_AFTER;
 use super::clients::{CONNECT_TIMEOUT, MeshConn, PodClients, SendError};
 use super::error::{Error, WrongPeer};
 use super::http::{
@@ -40,6 +41,8 @@ use crate::metrics::{Direction, RequestLabels};
 const COLD_PATH_WAIT: Duration = Duration::from_secs(5);
 /// Largest request body copied for mirrors; a larger one is sent on without its mirrors.
 const MIRROR_BODY_LIMIT: usize = 1 << 20;
+/// Largest request body held to send again on a retry; a larger one is sent once.
+const RETRY_BODY_LIMIT: usize = 64 << 10;
 /// How long a connection to an undeclared port may stay silent before it is taken for a
 /// protocol whose server speaks first.
 const SNIFF_WAIT: Duration = Duration::from_millis(300);
@@ -308,6 +311,12 @@ async fn serve_http(conn: Connection, stream: TcpStream, mut drain: Drain, openi
     }
 }
 
+/// One attempt at a backend: its answer, or why there is none, and the endpoint it went to.
+struct Attempt {
+    result: Result<Response<Body>, Error>,
+    endpoint: Option<SocketAddr>,
+}
+
 /// What one request became, for the metrics.
 struct Served {
     route: String,
@@ -407,19 +416,41 @@ impl Connection {
                 let route = route_name(forward.rule);
                 h::rewrite_request(&mut parts, &forward);
                 let timeouts = forward.timeouts();
-                let timeout = [timeouts.request_ms, timeouts.backend_request_ms]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .map(Duration::from_millis);
-                let body = if forward.mirrors.is_empty() {
-                    h::incoming(body)
-                } else {
-                    self.mirror(&snapshot, &forward.mirrors, &parts, body).await
+                let retry = forward.rule.retry.as_ref();
+                // A body is held in memory only for what needs it twice; a switch to another
+                // protocol is never repeated.
+                let switching =
+                    h::Asked::of(&parts.method, parts.version, &parts.uri, &parts.headers)
+                        .is_some();
+                let hold = match (switching, forward.mirrors.is_empty(), retry) {
+                    (true, _, _) => None,
+                    (false, false, _) => Some(MIRROR_BODY_LIMIT),
+                    (false, true, Some(_)) => Some(RETRY_BODY_LIMIT),
+                    (false, true, None) => None,
                 };
-                let mut served = self
-                    .forward(&snapshot, forward.backend, parts, body, timeout)
-                    .await;
+                let body = match hold {
+                    Some(limit) => h::read_up_to(body, limit).await,
+                    None => h::Replay::Streaming(h::incoming(body)),
+                };
+                if !forward.mirrors.is_empty() {
+                    self.mirror(&snapshot, &forward.mirrors, &parts, &body);
+                }
+                let attempt_limit = timeouts.backend_request_ms.map(Duration::from_millis);
+                let attempts =
+                    self.attempts(&snapshot, &forward, &route, parts, body, attempt_limit);
+                let mut served = match timeouts.request_ms.map(Duration::from_millis) {
+                    Some(limit) => match tokio::time::timeout(limit, attempts).await {
+                        Ok(served) => served,
+                        Err(_) => {
+                            let error = Error::Timeout {
+                                backend: forward.backend.to_string(),
+                                limit,
+                            };
+                            self.served(forward.backend, self.failed(forward.backend, None, error))
+                        }
+                    },
+                    None => attempts.await,
+                };
                 forward.edit_response_headers(served.response.headers_mut());
                 served.route = route;
                 served
@@ -427,32 +458,70 @@ impl Connection {
         }
     }
 
-    /// Buffers the body (up to a limit) and sends a copy to each mirror, not waiting for them.
-    async fn mirror(
+    /// The attempts at the rule's backend: one, or under the rule's `retry` as many as it
+    /// allows and its budget has left, when the body is held to send again. The answer is the
+    /// last attempt's.
+    async fn attempts(
+        &self,
+        snapshot: &Snapshot,
+        forward: &aether_routing::Forward<'_>,
+        route: &str,
+        parts: ::http::request::Parts,
+        body: h::Replay,
+        limit: Option<Duration>,
+    ) -> Served {
+        let backend = forward.backend;
+        let retry = forward.rule.retry.as_ref();
+        let (Some(retry), Some(first)) = (retry, body.body()) else {
+            return self
+                .forward(snapshot, backend, parts, body.into_body(), limit)
+                .await;
+        };
+        let budgets = &self.plane.retry_budgets;
+        budgets.request(forward.rule);
+        let mut attempt = self
+            .attempt(snapshot, backend, head_of(&parts), first, limit, None)
+            .await;
+        for retry_number in 1..=retry.attempts {
+            let again = match &attempt.result {
+                Ok(response) => retries_status(retry, response.status().as_u16()),
+                Err(error) => error.retriable(),
+            };
+            if !again {
+                break;
+            }
+            let allowed = budgets.try_retry(forward.rule);
+            self.mesh.metrics.retry(route.to_owned(), allowed);
+            if !allowed {
+                debug!(pod = %self.pod.pod, %backend, route, "retry budget exhausted; answering with the failed attempt");
+                break;
+            }
+            tokio::time::sleep(retry_backoff(retry, retry_number, fastrand::u64(..))).await;
+            let body = body.body().unwrap_or_else(|| h::full(Bytes::new()));
+            // Another endpoint, when there is one, than the one that just failed.
+            let failed = attempt.endpoint;
+            attempt = self
+                .attempt(snapshot, backend, head_of(&parts), body, limit, failed)
+                .await;
+        }
+        self.answer(backend, attempt)
+    }
+
+    /// Sends a copy of the request to each mirror, not waiting for them. A body too large to
+    /// hold is not copied: the request goes on unmirrored.
+    fn mirror(
         &self,
         snapshot: &Arc<Snapshot>,
         mirrors: &[&ServiceRef],
         parts: &::http::request::Parts,
-        body: Incoming,
-    ) -> Body {
-        let bytes = match http_body_util::Limited::new(body, MIRROR_BODY_LIMIT)
-            .collect()
-            .await
-        {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) => {
-                warn!(target = %self.target, error = %e, "request body not mirrored");
-                return h::full(Bytes::new());
-            }
-        };
+        body: &h::Replay,
+    ) {
+        if matches!(body, h::Replay::Streaming(_)) {
+            debug!(target = %self.target, limit = MIRROR_BODY_LIMIT, "request body over the mirror limit; not mirrored");
+            return;
+        }
         for mirror in mirrors {
-            let mut copy = ::http::Request::new(());
-            *copy.method_mut() = parts.method.clone();
-            *copy.uri_mut() = parts.uri.clone();
-            *copy.version_mut() = parts.version;
-            *copy.headers_mut() = parts.headers.clone();
-            let (copy, ()) = copy.into_parts();
-            let (conn, snapshot, mirror, bytes) = (
+            let (conn, snapshot, mirror, copy, body) = (
                 Connection {
                     plane: self.plane.clone(),
                     mesh: self.mesh.clone(),
@@ -466,37 +535,80 @@ impl Connection {
                 },
                 snapshot.clone(),
                 (*mirror).clone(),
-                bytes.clone(),
+                head_of(parts),
+                body.body(),
             );
+            let body = body.unwrap_or_else(|| h::full(Bytes::new()));
             tokio::spawn(async move {
-                let served = conn
-                    .forward(&snapshot, &mirror, copy, h::full(bytes), None)
-                    .await;
+                let served = conn.forward(&snapshot, &mirror, copy, body, None).await;
                 debug!(mirror = %mirror, status = %served.response.status(), "mirrored a request");
             });
         }
-        h::full(bytes)
     }
 
-    /// Sends the request to an endpoint of `backend`, over mTLS when the endpoint is meshed.
+    /// Sends the request to an endpoint of `backend`, once.
     async fn forward(
+        &self,
+        snapshot: &Snapshot,
+        backend: &ServiceRef,
+        parts: ::http::request::Parts,
+        body: Body,
+        limit: Option<Duration>,
+    ) -> Served {
+        let attempt = self
+            .attempt(snapshot, backend, parts, body, limit, None)
+            .await;
+        self.answer(backend, attempt)
+    }
+
+    /// Counts and logs an endpoint's ejection, when `ejected` says a failure caused one.
+    fn note_ejection(
+        &self,
+        service: &dyn std::fmt::Display,
+        endpoint: SocketAddr,
+        ejected: Option<Duration>,
+    ) {
+        if let Some(duration) = ejected {
+            self.mesh.metrics.endpoint_ejected();
+            warn!(pod = %self.pod.pod, %service, %endpoint, ?duration, "endpoint failed {EJECT_AFTER} times in a row; leaving it out of load balancing for a while");
+        }
+    }
+
+    /// What the client gets from an attempt: the backend's answer, or the proxy's in its place.
+    fn answer(&self, backend: &ServiceRef, attempt: Attempt) -> Served {
+        let response = match attempt.result {
+            Ok(response) => response,
+            Err(error) => self.failed(backend, attempt.endpoint, error),
+        };
+        self.served(backend, response)
+    }
+
+    fn served(&self, backend: &ServiceRef, response: Response<Body>) -> Served {
+        Served {
+            route: String::new(),
+            backend: backend.to_string().into(),
+            response,
+        }
+    }
+
+    /// One attempt at an endpoint of `backend` other than `avoid` (when it has another), over
+    /// mTLS when the endpoint is meshed, within `limit` when one is set.
+    async fn attempt(
         &self,
         snapshot: &Snapshot,
         backend: &ServiceRef,
         mut parts: ::http::request::Parts,
         body: Body,
-        timeout: Option<Duration>,
-    ) -> Served {
+        limit: Option<Duration>,
+        avoid: Option<SocketAddr>,
+    ) -> Attempt {
         let service = ServiceKey::new(&backend.namespace, &backend.name);
-        let label: Arc<str> = backend.to_string().into();
-        let served = move |response| Served {
-            route: String::new(),
-            backend: label,
-            response,
-        };
         let balancer = &self.plane.balancer;
-        let Some(endpoint) = self.endpoint(snapshot, &service, backend.port) else {
-            return served(self.failed(backend, None, Error::NoEndpoint(backend.to_string())));
+        let Some(endpoint) = self.endpoint(snapshot, &service, backend.port, avoid) else {
+            return Attempt {
+                result: Err(Error::NoEndpoint(backend.to_string())),
+                endpoint: None,
+            };
         };
         // The client asks to take its connection past HTTP (a WebSocket, a CONNECT): the
         // connection is taken over once the backend agreed.
@@ -530,30 +642,29 @@ impl Connection {
                     .map(without_hop_by_hop),
             }
         };
-        let result = match timeout {
-            Some(limit) => match tokio::time::timeout(limit, exchange).await {
-                Ok(result) => result,
-                Err(_) => {
-                    // Counts as a latency of the whole limit.
-                    in_flight.finish();
-                    let error = Error::Timeout {
+        let result = match limit {
+            Some(limit) => tokio::time::timeout(limit, exchange)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
                         backend: backend.to_string(),
                         limit,
-                    };
-                    return served(self.failed(backend, None, error));
-                }
-            },
+                    })
+                }),
             None => exchange.await,
         };
-        match result {
-            Ok(response) => {
+        let ejected = match &result {
+            Ok(response) if is_unavailable(response.status()) => in_flight.finish_unavailable(),
+            Ok(_) => {
                 in_flight.finish();
-                served(response)
+                None
             }
-            Err(error) => {
-                in_flight.fail();
-                served(self.failed(backend, Some(endpoint.addr), error))
-            }
+            Err(_) => in_flight.fail(),
+        };
+        self.note_ejection(backend, endpoint.addr, ejected);
+        Attempt {
+            result,
+            endpoint: Some(endpoint.addr),
         }
     }
 
@@ -796,7 +907,7 @@ impl Connection {
     async fn serve_opaque(self, mut app: TcpStream) {
         let snapshot = self.mesh.snapshot.load();
         let balancer = &self.plane.balancer;
-        let Some(endpoint) = self.endpoint(&snapshot, &self.target, self.port) else {
+        let Some(endpoint) = self.endpoint(&snapshot, &self.target, self.port, None) else {
             let error = Error::NoEndpoint(format!("{}:{}", self.target, self.port));
             return self.reset(app, None, error);
         };
@@ -820,7 +931,8 @@ impl Connection {
                 backend
             }
             Err(error) => {
-                in_flight.fail();
+                let ejected = in_flight.fail();
+                self.note_ejection(&self.target, endpoint.addr, ejected);
                 return self.reset(app, Some(endpoint.addr), error);
             }
         };
@@ -830,12 +942,26 @@ impl Connection {
     }
 
     /// Where a request or opaque connection to `service`'s port `port` goes: the pod the app
-    /// dialled, for its headless Service, else the balancer's pick among the ready endpoints.
-    fn endpoint(&self, snapshot: &Snapshot, service: &ServiceKey, port: u16) -> Option<Endpoint> {
+    /// dialled, for its headless Service, else the balancer's pick among the ready endpoints
+    /// (other than `avoid`, when there are others).
+    fn endpoint(
+        &self,
+        snapshot: &Snapshot,
+        service: &ServiceKey,
+        port: u16,
+        avoid: Option<SocketAddr>,
+    ) -> Option<Endpoint> {
         if let Some(pinned) = self.pinned.as_ref().filter(|_| *service == self.target) {
             return Some(pinned.clone());
         }
         let endpoints = snapshot.endpoints(service, port);
+        if let Some(avoid) = avoid
+            && endpoints.len() > 1
+        {
+            let others: Vec<&Endpoint> = endpoints.iter().filter(|e| e.addr != avoid).collect();
+            let index = (self.plane.balancer).pick(&others, |e| e.addr, fastrand::u64(..))?;
+            return Some(others[index].clone());
+        }
         let index = (self.plane.balancer).pick(endpoints, |e| e.addr, fastrand::u64(..))?;
         Some(endpoints[index].clone())
     }
@@ -924,6 +1050,25 @@ fn check_peer(allowed: Option<&BTreeSet<String>>, peer: &str) -> Result<(), Vec<
         Some(ids) => Err(ids.iter().cloned().collect()),
         None => Err(Vec::new()),
     }
+}
+
+/// The head of a request again, for another attempt or a mirror (extensions are the
+/// connection's and stay with the first).
+fn head_of(parts: &::http::request::Parts) -> ::http::request::Parts {
+    let mut copy = ::http::Request::new(());
+    *copy.method_mut() = parts.method.clone();
+    *copy.uri_mut() = parts.uri.clone();
+    *copy.version_mut() = parts.version;
+    *copy.headers_mut() = parts.headers.clone();
+    copy.into_parts().0
+}
+
+/// The answers of a backend's proxy or app that count towards ejecting it.
+fn is_unavailable(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 fn route_name(rule: &aether_routing::table::Rule) -> String {

@@ -278,6 +278,19 @@ impl Cluster {
         .map(|_| ())
     }
 
+    /// Applies a kustomization directory (server-side), such as the Gateway API CRDs of one
+    /// channel ([`aether_test_support::upstream::Release::crds`]).
+    pub fn apply_kustomization(&self, dir: &Path) -> Result<()> {
+        self.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-k",
+            &dir.to_string_lossy(),
+        ])
+        .map(|_| ())
+    }
+
     /// Waits until `namespace` has at least `count` pods and all of them are Ready.
     pub async fn wait_ready(
         &self,

@@ -23,7 +23,7 @@ pub fn cases_file() -> PathBuf {
 /// Where the release's files are.
 #[derive(Debug, Clone)]
 pub struct Release {
-    /// `sigs.k8s.io/gateway-api`: `config/crd/standard/` holds the standard-channel CRDs.
+    /// `sigs.k8s.io/gateway-api`: `config/crd/` holds the CRDs of both channels.
     pub api: PathBuf,
     /// `sigs.k8s.io/gateway-api/conformance`: `mesh/manifests.yaml` (the mesh base) and
     /// `tests/mesh/*.yaml` (each test's routes).
@@ -31,6 +31,13 @@ pub struct Release {
 }
 
 impl Release {
+    /// The Gateway API CRDs the local cluster runs: the experimental channel, a superset of
+    /// the standard one, because HTTPRoute `retry` and the `CORS` filter are only in it
+    /// (with the standard CRDs the API server drops those fields). A kustomization directory.
+    pub fn crds(&self) -> PathBuf {
+        self.api.join("config/crd/experimental")
+    }
+
     /// The file of a test manifest named as `cases.yaml` names it (`manifests.yaml` is the
     /// mesh base).
     pub fn manifest(&self, name: &str) -> PathBuf {
