@@ -96,13 +96,6 @@ pub enum Replay {
 }
 
 impl Replay {
-    pub fn body(&self) -> Option<Body> {
-        match self {
-            Replay::Whole(bytes) => Some(full(bytes.clone())),
-            Replay::Streaming(_) => None,
-        }
-    }
-
     pub fn into_body(self) -> Body {
         match self {
             Replay::Whole(bytes) => full(bytes),

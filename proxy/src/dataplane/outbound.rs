@@ -416,18 +416,18 @@ impl Connection {
                 let route = route_name(forward.rule);
                 h::rewrite_request(&mut parts, &forward);
                 let timeouts = forward.timeouts();
-                let retry = forward.rule.retry.as_ref();
                 // A body is held in memory only for what needs it twice; a switch to another
                 // protocol is never repeated.
-                let switching =
-                    h::Asked::of(&parts.method, parts.version, &parts.uri, &parts.headers)
-                        .is_some();
-                let hold = match (switching, forward.mirrors.is_empty(), retry) {
-                    (true, _, _) => None,
-                    (false, false, _) => Some(MIRROR_BODY_LIMIT),
-                    (false, true, Some(_)) => Some(RETRY_BODY_LIMIT),
-                    (false, true, None) => None,
-                };
+                let hold = if !forward.mirrors.is_empty() {
+                    Some(MIRROR_BODY_LIMIT)
+                } else if forward.rule.retry.is_some() {
+                    Some(RETRY_BODY_LIMIT)
+                } else {
+                    None
+                }
+                .filter(|_| {
+                    h::Asked::of(&parts.method, parts.version, &parts.uri, &parts.headers).is_none()
+                });
                 let body = match hold {
                     Some(limit) => h::read_up_to(body, limit).await,
                     None => h::Replay::Streaming(h::incoming(body)),
@@ -472,7 +472,7 @@ impl Connection {
     ) -> Served {
         let backend = forward.backend;
         let retry = forward.rule.retry.as_ref();
-        let (Some(retry), Some(first)) = (retry, body.body()) else {
+        let (Some(retry), h::Replay::Whole(bytes)) = (retry, &body) else {
             return self
                 .forward(snapshot, backend, parts, body.into_body(), limit)
                 .await;
@@ -480,7 +480,14 @@ impl Connection {
         let budgets = &self.plane.retry_budgets;
         budgets.request(forward.rule);
         let mut attempt = self
-            .attempt(snapshot, backend, head_of(&parts), first, limit, None)
+            .attempt(
+                snapshot,
+                backend,
+                head_of(&parts),
+                h::full(bytes.clone()),
+                limit,
+                None,
+            )
             .await;
         for retry_number in 1..=retry.attempts {
             let again = match &attempt.result {
@@ -497,11 +504,17 @@ impl Connection {
                 break;
             }
             tokio::time::sleep(retry_backoff(retry, retry_number, fastrand::u64(..))).await;
-            let body = body.body().unwrap_or_else(|| h::full(Bytes::new()));
             // Another endpoint, when there is one, than the one that just failed.
             let failed = attempt.endpoint;
             attempt = self
-                .attempt(snapshot, backend, head_of(&parts), body, limit, failed)
+                .attempt(
+                    snapshot,
+                    backend,
+                    head_of(&parts),
+                    h::full(bytes.clone()),
+                    limit,
+                    failed,
+                )
                 .await;
         }
         self.answer(backend, attempt)
@@ -516,10 +529,10 @@ impl Connection {
         parts: &::http::request::Parts,
         body: &h::Replay,
     ) {
-        if matches!(body, h::Replay::Streaming(_)) {
+        let h::Replay::Whole(bytes) = body else {
             debug!(target = %self.target, limit = MIRROR_BODY_LIMIT, "request body over the mirror limit; not mirrored");
             return;
-        }
+        };
         for mirror in mirrors {
             let (conn, snapshot, mirror, copy, body) = (
                 Connection {
@@ -536,9 +549,8 @@ impl Connection {
                 snapshot.clone(),
                 (*mirror).clone(),
                 head_of(parts),
-                body.body(),
+                h::full(bytes.clone()),
             );
-            let body = body.unwrap_or_else(|| h::full(Bytes::new()));
             tokio::spawn(async move {
                 let served = conn.forward(&snapshot, &mirror, copy, body, None).await;
                 debug!(mirror = %mirror, status = %served.response.status(), "mirrored a request");
