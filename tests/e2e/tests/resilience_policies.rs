@@ -11,8 +11,8 @@
 //! - `down` (only `broken-a`): an outage; the retry budget holds retries to a fifth of the
 //!   requests plus a small floor, where the route asks for three per request;
 //! - `primary` mirrors to `mirror`: the mirror pod gets a copy, the client the primary's answer;
-//! - `mixed` (the healthy pod and `broken-b`), no route: `broken-b` is ejected after failing in
-//!   a row, and then every call reaches the healthy pod;
+//! - `mixed` (`steady`, a healthy pod of its own, and `broken-b`), no route: `broken-b` is
+//!   ejected after failing in a row, and then every call reaches `steady`;
 //! - invalid retry values: `Accepted=False` naming the field, or the API server's refusal, and
 //!   the other routes keep working.
 
@@ -60,7 +60,7 @@ fn workloads() -> String {
     out += &pod(
         "healthy",
         "node-2",
-        "healthy: \"yes\", flaky: \"yes\", mixed: \"yes\"",
+        "healthy: \"yes\", flaky: \"yes\"",
         "--port=8080",
         8080,
     );
@@ -74,6 +74,8 @@ fn workloads() -> String {
     );
     out += &pod("broken-b", "node-2", "mixed: \"yes\"", "--port=8081", 8081);
     out += &pod("mirror", "node-2", "mirror: \"yes\"", "--port=8080", 8080);
+    // Its own healthy pod: the calls above that `healthy` answers 503 by design may eject it.
+    out += &pod("steady", "node-2", "mixed: \"yes\"", "--port=8080", 8080);
     for (name, selector) in [
         ("healthy", "healthy: \"yes\""),
         ("flaky", "flaky: \"yes\""),
@@ -178,7 +180,7 @@ async fn timeouts_retries_mirrors_and_ejection() -> Result<()> {
     install(&cluster, &[]).await?;
     cluster.delete_namespaces(&[NS])?;
     cluster.apply_text(&workloads())?;
-    cluster.wait_ready(NS, 5, Duration::from_secs(120)).await?;
+    cluster.wait_ready(NS, 6, Duration::from_secs(120)).await?;
     let routes: Vec<RouteRef> = ["healthy", "flaky", "down", "primary"]
         .into_iter()
         .map(route_ref)
